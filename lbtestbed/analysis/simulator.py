@@ -1,0 +1,431 @@
+"""The discrete-event simulator: the spec's nodes and both halves of its policy on a virtual clock.
+
+No policy rule lives here. The simulator draws the workload, hands each task to the dispatcher side, carries
+probes, tasks and state messages between the policy objects (at once, or after the spec's network delay)
+and measures. Time averages are exact: nodes integrate their occupancy (``server_node.models``), the
+simulator integrates the number of tasks in the system and SLTA's r. The measured window
+[warmup, warmup + duration] is cut into equal batches; every task that arrives in it is followed to its
+completion, so sojourn times are not censored.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from lbtestbed.distributions import BlockSampler
+from lbtestbed.policies import MESSAGE_KINDS, Message, Probe, Route, make_dispatcher, make_node_sides
+from lbtestbed.policies.slta import SLTADispatcher
+from lbtestbed.server_node.models import NodeModel, make_node
+from lbtestbed.spec import Experiment, seed_sequence
+from lbtestbed.workload import PoissonWorkload, Task
+
+INF = math.inf
+
+# event kinds in the heap
+(
+    _COMPLETE,
+    _AT_DISPATCHER,
+    _AT_NODE,
+    _PROBE_AT_NODE,
+    _REPLY_AT_DISPATCHER,
+    _TASK_AT_NODE,
+    _DONE_AT_DISPATCHER,
+) = range(7)
+
+Progress = Callable[[float], None]  # called with the fraction of model time done
+
+
+@dataclass
+class RawRun:
+    """What one replication measured, batch by batch: numerators and denominators of every ratio."""
+
+    batches: int
+    ratios: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    sojourns: list[list[float]] = field(default_factory=list)  # per batch, by arrival batch
+    r_time: dict[int, float] = field(default_factory=dict)  # SLTA: seconds spent at each r
+    r_series: list[tuple[float, int]] = field(default_factory=list)
+    decisions: dict[str, int] = field(default_factory=dict)
+    message_kinds: tuple[str, ...] = ()
+    censored: int = 0
+    events: int = 0
+    wall_seconds: float = 0.0
+    stale_tokens: int = 0
+
+
+class _Pending:
+    """A task waiting for its probe replies."""
+
+    __slots__ = ("missing", "probe", "replies", "task")
+
+    def __init__(self, task: Task, probe: Probe) -> None:
+        self.task, self.probe = task, probe
+        self.replies = [0] * len(probe.nodes)
+        self.missing = len(probe.nodes)
+
+
+class Simulator:
+    """One replication of an experiment."""
+
+    def __init__(self, exp: Experiment, replication: int = 0, progress: Progress | None = None) -> None:
+        self.exp = exp
+        self.progress = progress
+        self.workload = PoissonWorkload(exp, replication)
+        policy_rng = random.Random(int(seed_sequence(exp.seed, "policy", replication).generate_state(1)[0]))
+        self.dispatcher = make_dispatcher(exp, policy_rng)
+        self.sides = make_node_sides(exp, policy_rng)
+        self.nodes: list[NodeModel] = [
+            make_node(exp.classes[c].discipline, s, exp.classes[c].utility)
+            for c, s in zip(exp.node_class, exp.node_speeds, strict=True)
+        ]
+        net = exp.network
+        self.delay: Callable[[], float] | None = None
+        if net.delay is not None:
+            self.delay = BlockSampler(
+                net.delay, np.random.default_rng(seed_sequence(exp.seed, "network", replication))
+            )
+        self.delay_tasks = net.forward_tasks and self.delay is not None
+        self.heap: list[tuple[float, int, int, object, object]] = []
+        self.seq = itertools.count()
+        self.version = [0] * exp.n
+        self.scheduled = [INF] * exp.n
+        self.now = 0.0
+        # measurement state
+        run = exp.run
+        self.t_start = run.warmup
+        self.t_end = run.warmup + run.duration
+        self.B = run.batches
+        self.batch_len = run.duration / run.batches
+        self.batch = -1  # current batch, -1 outside the window
+        self.outstanding = 0  # measured tasks not yet completed
+        self.in_system = 0
+        self.tot_last = 0.0
+        self.tot_area = 0.0
+        self.tot_area2 = 0.0
+        self.slta = self.dispatcher if isinstance(self.dispatcher, SLTADispatcher) else None
+        self.r = 1
+        self.r_last = 0.0
+        self.r_area = 0.0
+        self.events = 0
+        kinds = MESSAGE_KINDS[exp.policy.name]
+        self.kinds = kinds
+        B = self.B
+        self.msg_counts = {kind: [0] * B for kind in kinds}
+        self.arrivals = [0] * B
+        self.fcfs_arrivals = [0] * B
+        self.fcfs_waits = [0] * B
+        self.sojourn = [[] for _ in range(B)]  # type: list[list[float]]
+        self.sojourn_class = [[[] for _ in range(B)] for _ in exp.classes]  # type: list[list[list[float]]]
+        self.decisions: Counter[str] = Counter()
+        self.r_time: defaultdict[int, float] = defaultdict(float)
+        self.r_series: list[tuple[float, int]] = []
+        self.snapshots: list[dict[str, object]] = []
+        self.is_fcfs = [n.discipline == "fcfs" for n in self.nodes]
+
+    # ------------------------------------------------------------------------------------- plumbing
+
+    def _push(self, t: float, kind: int, a: object, b: object = None) -> None:
+        heapq.heappush(self.heap, (t, next(self.seq), kind, a, b))
+
+    def _count(self, kind: str, times: int = 1) -> None:
+        if self.batch >= 0:
+            self.msg_counts[kind][self.batch] += times
+
+    def _to_dispatcher(self, msgs: tuple[Message, ...]) -> None:
+        for m in msgs:
+            self._count(m.kind)
+            if self.delay is not None:
+                self._push(self.now + self.delay(), _AT_DISPATCHER, m)
+            else:
+                out = self.dispatcher.on_message(m)
+                if out:
+                    self._to_nodes(out)
+
+    def _to_nodes(self, msgs: tuple[Message, ...]) -> None:
+        for m in msgs:
+            self._count(m.kind)
+            if self.delay is not None:
+                self._push(self.now + self.delay(), _AT_NODE, m)
+            else:
+                out = self.sides[m.node].on_message(m, self.nodes[m.node].x)
+                if out:
+                    self._to_dispatcher(out)
+
+    def _reschedule(self, k: int) -> None:
+        t = self.nodes[k].next_completion()
+        if t != self.scheduled[k]:
+            self.version[k] += 1
+            self.scheduled[k] = t
+            if t < INF:
+                heapq.heappush(self.heap, (t, next(self.seq), _COMPLETE, k, self.version[k]))
+
+    def _total_changes(self, t: float, step: int) -> None:
+        dt = t - self.tot_last
+        n = self.in_system
+        self.tot_area += n * dt
+        self.tot_area2 += n * n * dt
+        self.tot_last = t
+        self.in_system = n + step
+
+    def _r_changes(self, t: float, r: int) -> None:
+        dt = t - self.r_last
+        self.r_area += self.r * dt
+        if self.batch >= 0:
+            self.r_time[self.r] += dt
+            self.r_series.append((t, r))
+        self.r_last = t
+        self.r = r
+
+    # --------------------------------------------------------------------------------------- events
+
+    def _arrival(self, t: float, work: float) -> None:
+        task = Task(self.workload.count, work, t, 0, self.batch)
+        self._total_changes(t, +1)
+        if self.batch >= 0:
+            self.arrivals[self.batch] += 1
+            self.outstanding += 1
+        decision = self.dispatcher.dispatch()
+        if isinstance(decision, Probe):
+            self._probe(task, decision)
+        else:
+            self._route(task, decision)
+
+    def _probe(self, task: Task, probe: Probe) -> None:
+        d = len(probe.nodes)
+        if self.delay is None:
+            self._count("probe", d)
+            self._count("probe_reply", d)
+            replies = []
+            for k in probe.nodes:
+                (reply,) = self.sides[k].on_message(Message("probe", k), self.nodes[k].x)
+                replies.append(reply.data[0])
+            self._route(task, self.dispatcher.resolve(probe, replies))
+            return
+        pending = _Pending(task, probe)
+        for i in range(d):
+            self._count("probe")
+            self._push(self.now + self.delay(), _PROBE_AT_NODE, pending, i)
+
+    def _route(self, task: Task, route: Route) -> None:
+        if task.batch >= 0:
+            self.decisions[route.outcome] += 1
+        if self.slta is not None and self.slta.r != self.r:
+            self._r_changes(self.now, self.slta.r)
+        if self.delay_tasks:
+            assert self.delay is not None
+            self._push(self.now + self.delay(), _TASK_AT_NODE, task, route)
+        else:
+            self._task_at_node(task, route)
+
+    def _task_at_node(self, task: Task, route: Route) -> None:
+        k = route.node
+        node = self.nodes[k]
+        waits = node.arrive(task, self.now)
+        if task.batch >= 0 and self.is_fcfs[k]:
+            self.fcfs_arrivals[task.batch] += 1
+            self.fcfs_waits[task.batch] += waits
+        self._reschedule(k)
+        msgs = self.sides[k].on_arrival(node.x, 0, route.piggyback)
+        if msgs:
+            self._to_dispatcher(msgs)
+        if route.messages:
+            self._to_nodes(route.messages)
+
+    def _completion(self, t: float, k: int) -> None:
+        node = self.nodes[k]
+        task = node.complete(t)
+        self.scheduled[k] = INF
+        self._reschedule(k)
+        self._total_changes(t, -1)
+        if task.batch >= 0:
+            s = t - task.arrived
+            self.sojourn[task.batch].append(s)
+            self.sojourn_class[self.exp.node_class[k]][task.batch].append(s)
+            self.outstanding -= 1
+        msgs = self.sides[k].on_departure(node.x, task.origin)
+        if msgs:
+            self._to_dispatcher(msgs)
+        if self.delay_tasks:
+            assert self.delay is not None
+            self._push(t + self.delay(), _DONE_AT_DISPATCHER, k)
+        else:
+            self.dispatcher.on_task_done(k)
+
+    def _heap_event(self, kind: int, a: object, b: object) -> None:
+        if kind == _AT_DISPATCHER:
+            assert isinstance(a, Message)
+            out = self.dispatcher.on_message(a)
+            if out:
+                self._to_nodes(out)
+        elif kind == _AT_NODE:
+            assert isinstance(a, Message)
+            out = self.sides[a.node].on_message(a, self.nodes[a.node].x)
+            if out:
+                self._to_dispatcher(out)
+        elif kind == _PROBE_AT_NODE:
+            assert isinstance(a, _Pending) and isinstance(b, int)
+            k = a.probe.nodes[b]
+            (reply,) = self.sides[k].on_message(Message("probe", k), self.nodes[k].x)
+            self._count("probe_reply")
+            assert self.delay is not None
+            self._push(self.now + self.delay(), _REPLY_AT_DISPATCHER, a, (b, reply.data[0]))
+        elif kind == _REPLY_AT_DISPATCHER:
+            assert isinstance(a, _Pending) and isinstance(b, tuple)
+            a.replies[b[0]] = b[1]
+            a.missing -= 1
+            if a.missing == 0:
+                self._route(a.task, self.dispatcher.resolve(a.probe, a.replies))
+        elif kind == _TASK_AT_NODE:
+            assert isinstance(a, Task) and isinstance(b, Route)
+            self._task_at_node(a, b)
+        elif kind == _DONE_AT_DISPATCHER:
+            assert isinstance(a, int)
+            self.dispatcher.on_task_done(a)
+
+    # ---------------------------------------------------------------------------------- measurement
+
+    def _boundary(self, t: float) -> None:
+        """Close the batch that ends at t (or open the first one) and step to the next."""
+        self.now = t
+        for node in self.nodes:
+            node.advance(t)
+        self._total_changes(t, 0)
+        if self.slta is not None:
+            self._r_changes(t, self.r)
+        classes = self.exp.classes
+        time_at = [np.zeros(1) for _ in classes]
+        task_s = util_s = idle_speed = 0.0
+        for c, node in zip(self.exp.node_class, self.nodes, strict=True):
+            ta = node.time_at
+            if len(ta) > len(time_at[c]):
+                time_at[c] = np.pad(time_at[c], (0, len(ta) - len(time_at[c])))
+            time_at[c][: len(ta)] += ta
+            task_s += node.task_seconds
+            util_s += node.utility_seconds
+            idle_speed += node.speed * ta[0]
+        self.snapshots.append(
+            {
+                "time_at": time_at,
+                "task_s": task_s,
+                "util_s": util_s,
+                "idle_speed": idle_speed,
+                "tot": self.tot_area,
+                "tot2": self.tot_area2,
+                "r": self.r_area,
+            }
+        )
+        # snapshot b opens batch b; snapshot B closes the window
+        self.batch = len(self.snapshots) - 1 if len(self.snapshots) <= self.B else -1
+
+    def run(self) -> RawRun:
+        wall = time.perf_counter()
+        heap = self.heap
+        pop = heapq.heappop
+        boundaries = [self.t_start + b * self.batch_len for b in range(self.B)] + [self.t_end]
+        bi = 0
+        next_boundary = boundaries[0]
+        t_arr, work = self.workload.next()
+        drain_until = self.t_end + self.exp.run.duration
+        report = time.perf_counter() + 1.0
+        horizon = drain_until
+        while True:
+            t_heap = heap[0][0] if heap else INF
+            t = t_arr if t_arr <= t_heap else t_heap
+            if t >= next_boundary:
+                self._boundary(next_boundary)
+                bi += 1
+                next_boundary = boundaries[bi] if bi < len(boundaries) else INF
+                continue
+            if bi >= len(boundaries) and (self.outstanding == 0 or t > drain_until):
+                break
+            self.now = t
+            self.events += 1
+            if t_arr <= t_heap:
+                self._arrival(t, work)
+                t_arr, work = self.workload.next()
+            else:
+                _, _, kind, a, b = pop(heap)
+                if kind == _COMPLETE:
+                    assert isinstance(a, int)
+                    if b == self.version[a]:
+                        self._completion(t, a)
+                    else:
+                        self.events -= 1  # a stale completion is no model event
+                else:
+                    self._heap_event(kind, a, b)
+            if self.progress is not None and not self.events & 0xFFFF and time.perf_counter() > report:
+                report = time.perf_counter() + 1.0
+                self.progress(min(1.0, t / horizon))
+        return self._raw(time.perf_counter() - wall)
+
+    def _raw(self, wall: float) -> RawRun:
+        exp, B, T = self.exp, self.B, self.batch_len
+        snaps = self.snapshots
+        raw = RawRun(batches=B, message_kinds=self.kinds)
+
+        def diff(key: str) -> np.ndarray:
+            return np.array([float(snaps[b + 1][key]) - float(snaps[b][key]) for b in range(B)])  # type: ignore[arg-type]
+
+        ones = np.full(B, T)
+        n = exp.n
+        raw.ratios["mean_tasks_per_node"] = (diff("task_s"), ones * n)
+        if all(c.utility is not None for c in exp.classes):
+            raw.ratios["utility"] = (diff("util_s"), ones * n)
+        raw.ratios["idle_capacity"] = (diff("idle_speed"), ones)
+        raw.ratios["tasks_in_system"] = (diff("tot"), ones)
+        raw.ratios["tasks_in_system_sq"] = (diff("tot2"), ones)
+        for c, cls in enumerate(exp.classes):
+            width = max(len(s["time_at"][c]) for s in snaps)  # type: ignore[index]
+            padded = [np.pad(s["time_at"][c], (0, width - len(s["time_at"][c]))) for s in snaps]  # type: ignore[index]
+            per_batch = np.array(
+                [padded[b + 1] - padded[b] for b in range(B)]
+            )  # (B, width): time at exactly x
+            tails = np.cumsum(per_batch[:, ::-1], axis=1)[:, ::-1]  # time at x or more
+            for j in range(width):
+                raw.ratios[f"tail:{c}:{j}"] = (tails[:, j], ones * cls.count)
+        arrivals = np.array(self.arrivals, dtype=float)
+        total_msgs = np.zeros(B)
+        for kind, counts in self.msg_counts.items():
+            a = np.array(counts, dtype=float)
+            total_msgs += a
+            raw.ratios[f"messages:{kind}"] = (a, arrivals)
+        raw.ratios["messages_per_task"] = (total_msgs, arrivals)
+        if any(self.is_fcfs):
+            raw.ratios["wait_probability"] = (
+                np.array(self.fcfs_waits, float),
+                np.array(self.fcfs_arrivals, float),
+            )
+        raw.ratios["mean_sojourn"] = (
+            np.array([sum(s) for s in self.sojourn]),
+            np.array([len(s) for s in self.sojourn], float),
+        )
+        for c in range(len(exp.classes)):
+            sc = self.sojourn_class[c]
+            raw.ratios[f"sojourn:{c}"] = (
+                np.array([sum(s) for s in sc]),
+                np.array([len(s) for s in sc], float),
+            )
+        if self.slta is not None:
+            raw.ratios["slta_r"] = (diff("r"), ones)
+            raw.r_time = dict(self.r_time)
+            raw.r_series = self.r_series
+            raw.stale_tokens = self.slta.stale_tokens
+        raw.sojourns = self.sojourn
+        raw.decisions = dict(self.decisions)
+        raw.censored = self.outstanding
+        raw.events = self.events
+        raw.wall_seconds = wall
+        return raw
+
+
+def simulate_once(exp: Experiment, replication: int = 0, progress: Progress | None = None) -> RawRun:
+    """Run one replication."""
+    return Simulator(exp, replication, progress).run()

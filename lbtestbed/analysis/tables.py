@@ -1,0 +1,74 @@
+"""Readable tables of result objects for the terminal."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lbtestbed.analysis.result import Result
+
+
+def _fmt(v: float | None, digits: int = 6) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.{digits}g}"
+
+
+def _row(label: str, m: dict[str, Any]) -> list[str]:
+    ci = m.get("ci95")
+    return [label, _fmt(m.get("value")), "" if ci is None else f"± {_fmt(ci, 3)}"]
+
+
+def render(result: Result) -> str:
+    """The result as aligned text: headline metrics, messages by kind, occupancy tails."""
+    m = result.metrics
+    rows: list[list[str]] = [["metric", "value", "95% CI"]]
+    for key in (
+        "mean_sojourn",
+        "sojourn_p50",
+        "sojourn_p99",
+        "mean_tasks_per_node",
+        "tasks_in_system",
+        "utility",
+        "wait_probability",
+        "idle_capacity",
+        "messages_per_task",
+        "slta_r",
+    ):
+        if m[key].get("value") is not None:
+            rows.append(_row(key, m[key]))
+    if m["tasks_in_system"].get("variance", {}).get("value") is not None:
+        rows.append(_row("  variance of tasks in system", m["tasks_in_system"]["variance"]))
+    by_class = m["mean_sojourn"].get("by_class", {})
+    if len(by_class) > 1:
+        for name, e in by_class.items():
+            rows.append(_row(f"  mean_sojourn[{name}]", e))
+    for kind, v in m["messages_per_task"].get("by_kind", {}).items():
+        rows.append([f"  messages_per_task[{kind}]", _fmt(v), ""])
+    if m["slta_r"].get("time_fraction"):
+        fr = m["slta_r"]["time_fraction"]
+        top = sorted(fr.items(), key=lambda kv: -kv[1])[:4]
+        rows.append(["  time at r", ", ".join(f"{k}: {v:.3f}" for k, v in top), ""])
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = [
+        f"{result.name}  policy={result.policy}  source={result.source}  n={result.context.get('n')}  "
+        f"load={_fmt(result.context.get('load'), 4)}"
+    ]
+    for i, r in enumerate(rows):
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    lines.append("")
+    lines.append("occupancy tail: fraction of a class's nodes holding at least j tasks")
+    for name, tail in m["occupancy_tail"].items():
+        cells = [f"{j}:{e['value']:.4f}" for j, e in enumerate(tail) if e["value"] is not None][1:]
+        lines.append(f"  {name:<10} " + " ".join(cells[:16]) + (" ..." if len(cells) > 16 else ""))
+    decisions = result.extras.get("decisions")
+    if decisions:
+        total = sum(decisions.values())
+        lines.append("decisions: " + ", ".join(f"{k} {v / total:.4f}" for k, v in sorted(decisions.items())))
+    if result.extras.get("censored_tasks"):
+        lines.append(
+            f"warning: {result.extras['censored_tasks']} measured tasks had not completed when the "
+            "simulation stopped; their sojourn times are missing"
+        )
+    return "\n".join(lines)

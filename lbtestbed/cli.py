@@ -1,0 +1,115 @@
+"""``lbt``: the command line of lbtestbed.
+
+Exit codes: 0 success, 1 the run failed, 2 bad input (spec or arguments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+from lbtestbed.spec import SpecError, load_spec
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def _progress(label: str) -> Any:
+    if not sys.stderr.isatty():
+        return None
+
+    def show(fraction: float) -> None:
+        sys.stderr.write(f"\r{label}: {100 * fraction:5.1f}% of model time")
+        sys.stderr.flush()
+
+    return show
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from lbtestbed.analysis.result import summarize
+    from lbtestbed.analysis.simulator import simulate_once
+    from lbtestbed.analysis.tables import render
+
+    exp = load_spec(args.spec, args.set)
+    k = args.replications
+    if k == 1:
+        raws = [simulate_once(exp, 0, None if args.quiet else _progress(exp.name))]
+    else:
+        if not args.quiet:
+            print(f"{exp.name}: {k} replications in parallel", file=sys.stderr)
+        with ProcessPoolExecutor(max_workers=min(k, args.jobs)) as pool:
+            raws = list(pool.map(simulate_once, [exp] * k, range(k)))
+    if not args.quiet and sys.stderr.isatty():
+        sys.stderr.write("\r" + " " * 60 + "\r")
+    result = summarize(exp, raws)
+    if args.json:
+        json.dump(result.to_json(), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        print(render(result))
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import os
+
+    parser = argparse.ArgumentParser(
+        prog="lbt",
+        description="lbtestbed: load-balancing policies from the literature, simulated, predicted, emulated.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    sim = sub.add_parser(
+        "simulate",
+        help="run the discrete-event simulator on a spec",
+        description="Simulate an experiment spec and print its metrics with 95%% confidence intervals "
+        "(batch means, or independent replications with --replications).",
+    )
+    sim.add_argument("spec", help="experiment spec (TOML), see docs/spec.md")
+    sim.add_argument("--json", action="store_true", help="print the result object as JSON")
+    sim.add_argument(
+        "--replications",
+        type=int,
+        default=1,
+        metavar="K",
+        help="independent replications, run in parallel processes (default 1: batch means)",
+    )
+    sim.add_argument(
+        "--jobs",
+        type=int,
+        default=os.cpu_count() or 1,
+        metavar="J",
+        help="processes for replications (default: the number of cores)",
+    )
+    sim.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a spec value, e.g. --set workload.load=0.8 --set classes[0].count=20",
+    )
+    sim.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    sim.set_defaults(func=cmd_simulate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "replications", 1) < 1:
+        parser.error("--replications must be at least 1")
+    try:
+        return int(args.func(args))
+    except SpecError as e:
+        print(f"lbt: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("lbt: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

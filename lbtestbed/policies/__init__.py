@@ -1,0 +1,76 @@
+"""The policy library: a dispatcher side and a node side per policy (DESIGN principle 2)."""
+
+from __future__ import annotations
+
+import random
+
+from lbtestbed.policies.base import DispatcherSide, Message, NodeSide, Probe, Route
+from lbtestbed.policies.hetero_ps import Scheme1Dispatcher, Scheme2Dispatcher
+from lbtestbed.policies.jiq import IdleTokenSender, JIQDispatcher
+from lbtestbed.policies.jlmu import JLMUDispatcher, ranking_of
+from lbtestbed.policies.jsq import DepartureNotifier, JSQDispatcher
+from lbtestbed.policies.sampling import LeastRequestDispatcher, PowerOfDDispatcher
+from lbtestbed.policies.slta import SLTADispatcher, SLTANode, Thresholds
+from lbtestbed.policies.static import RandomDispatcher, RoundRobinDispatcher
+from lbtestbed.spec import Experiment
+
+__all__ = ["DispatcherSide", "Message", "NodeSide", "Probe", "Route", "make_dispatcher", "make_node_sides"]
+
+DISPATCHERS: dict[str, type[DispatcherSide]] = {
+    cls.name: cls
+    for cls in (
+        RandomDispatcher,
+        RoundRobinDispatcher,
+        JSQDispatcher,
+        PowerOfDDispatcher,
+        LeastRequestDispatcher,
+        JIQDispatcher,
+        JLMUDispatcher,
+        SLTADispatcher,
+        Scheme1Dispatcher,
+        Scheme2Dispatcher,
+    )
+}
+
+NODE_SIDES: dict[str, type[NodeSide]] = {
+    "jsq": DepartureNotifier,
+    "jlmu": DepartureNotifier,
+    "jiq": IdleTokenSender,
+    "slta": SLTANode,
+}
+
+#: message kinds each policy sends, for tables and metrics with fixed label sets
+MESSAGE_KINDS: dict[str, tuple[str, ...]] = {
+    "random": (),
+    "round_robin": (),
+    "least_request": (),
+    "jsq": ("departure",),
+    "jlmu": ("departure",),
+    "power_of_d": ("probe", "probe_reply"),
+    "scheme1": ("probe", "probe_reply"),
+    "scheme2": ("probe", "probe_reply"),
+    "jiq": ("idle_token",),
+    "slta": ("token_departure", "token_arrival", "token_epoch", "epoch"),
+}
+
+
+def make_dispatcher(
+    exp: Experiment, rng: random.Random, index: int = 0, dispatchers: int = 1
+) -> DispatcherSide:
+    """The dispatcher side of the spec's policy; ``index`` of ``dispatchers`` running side by side."""
+    cls = DISPATCHERS[exp.policy.name]
+    if cls is JIQDispatcher:
+        return JIQDispatcher(exp, rng, index, dispatchers)
+    return cls(exp, rng, index)
+
+
+def make_node_sides(
+    exp: Experiment, rng: random.Random, nodes: range | None = None, dispatchers: int = 1
+) -> list[NodeSide]:
+    """The node sides of the spec's policy for ``nodes`` (all by default); they share derived tables."""
+    cls = NODE_SIDES.get(exp.policy.name, NodeSide)
+    nodes = range(exp.n) if nodes is None else nodes
+    if cls is SLTANode:
+        th = Thresholds(ranking_of(exp))
+        return [SLTANode(exp, k, rng, dispatchers, th) for k in nodes]
+    return [cls(exp, k, rng, dispatchers) for k in nodes]

@@ -1,0 +1,128 @@
+"""The two halves of every policy (DESIGN principle 2), in the sans-I/O style.
+
+A *dispatcher side* picks a node for each task from the information it holds; a *node side* decides which
+state messages its node sends on local events. Neither owns a socket or reads a clock: events go in,
+decisions and messages come out. The simulator wires the halves through a virtual clock, the networked
+dispatcher and server node through HTTP, so both count the same messages.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from lbtestbed.spec import Experiment
+
+NO_MESSAGES: tuple[Message, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A state message between a node and a dispatcher; ``kind`` names it in every count."""
+
+    kind: str
+    node: int  # the node that sends it, or the node it is sent to
+    data: tuple[Any, ...] = ()
+    dispatcher: int = 0  # the dispatcher that sends it, or the one it is sent to
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """The decision: forward the task to ``node``.
+
+    ``outcome`` labels the rule that decided (for metrics), ``messages`` go to nodes after the task is
+    forwarded, and ``piggyback`` rides on the forwarded task itself at no message cost.
+    """
+
+    node: int
+    outcome: str
+    messages: tuple[Message, ...] = ()
+    piggyback: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """Ask these nodes for their occupancy, then call ``resolve`` with the replies in the same order."""
+
+    nodes: tuple[int, ...]
+
+
+class DispatcherSide:
+    """The dispatcher half of a policy."""
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, exp: Experiment, rng: random.Random, index: int = 0) -> None:
+        self.exp = exp
+        self.n = exp.n
+        self.rng = rng
+        self.index = index  # which dispatcher this is, when several run side by side
+
+    def dispatch(self) -> Route | Probe:
+        """Choose a node for a new task, or ask for probes first."""
+        raise NotImplementedError
+
+    def resolve(self, probe: Probe, replies: Sequence[int]) -> Route:
+        """Choose among probed nodes; ``replies[k]`` is the occupancy reported by ``probe.nodes[k]``."""
+        raise NotImplementedError(f"{self.name} does not probe")
+
+    def on_message(self, msg: Message) -> tuple[Message, ...]:
+        """Apply a state message from a node; return messages to send to nodes."""
+        raise ValueError(f"{self.name} does not expect {msg.kind!r} messages")
+
+    def on_task_done(self, node: int) -> None:
+        """The completion of a task this dispatcher routed to ``node`` passed back through it."""
+
+    def gauges(self) -> dict[str, float]:
+        """Policy state worth exporting (token counts, thresholds)."""
+        return {}
+
+
+class NodeSide:
+    """The node half of a policy: messages a node sends on its own events."""
+
+    def __init__(self, exp: Experiment, node: int, rng: random.Random, dispatchers: int = 1) -> None:
+        self.node = node
+        self.cls = exp.node_class[node]
+        self.rng = rng
+        self.dispatchers = dispatchers
+
+    def on_arrival(self, x: int, origin: int, piggyback: tuple[Any, ...]) -> tuple[Message, ...]:
+        """A task arrived (``x`` tasks present now) from dispatcher ``origin``."""
+        return NO_MESSAGES
+
+    def on_departure(self, x: int, origin: int) -> tuple[Message, ...]:
+        """A task left (``x`` tasks present now); ``origin`` routed it."""
+        return NO_MESSAGES
+
+    def on_message(self, msg: Message, x: int) -> tuple[Message, ...]:
+        """A message from a dispatcher; probes are answered with the occupancy."""
+        if msg.kind == "probe":
+            return (Message("probe_reply", self.node, (x,), msg.dispatcher),)
+        raise ValueError(f"node side does not expect {msg.kind!r} messages")
+
+
+def sample_distinct(rng: random.Random, n: int, d: int) -> tuple[int, ...]:
+    """d distinct nodes out of n, in uniformly random order (so a first minimum is a uniform tie-break)."""
+    r = rng.random
+    if d == 1:
+        return (int(r() * n),)
+    if d == 2:
+        a = int(r() * n)
+        b = int(r() * (n - 1))
+        return (a, b + 1 if b >= a else b)
+    if 4 * d <= n:
+        chosen: list[int] = []
+        while len(chosen) < d:
+            k = int(r() * n)
+            if k not in chosen:
+                chosen.append(k)
+        return tuple(chosen)
+    return tuple(rng.sample(range(n), d))
+
+
+def sample_with_replacement(rng: random.Random, n: int, d: int) -> tuple[int, ...]:
+    r = rng.random
+    return tuple(int(r() * n) for _ in range(d))

@@ -1,0 +1,81 @@
+"""Scheme 1 and Scheme 2 for heterogeneous processor-sharing clusters (``hetero_ps.md`` §2, §7).
+
+Each task probes d_j distinct nodes of every class j and keeps, per class, the least occupied (uniform ties).
+Scheme 1 joins the kept node with the fewest tasks; Scheme 2 the one with the highest rate per task
+speed / q (an idle node scores infinity). Ties across classes go to the faster node: candidates are visited
+fastest first and replaced only on strict improvement. Speeds compare exactly as fractions, so the ties the
+mean field counts as ties (speed ratio exactly 2 at equal q ratio) stay ties.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from fractions import Fraction
+
+from lbtestbed.policies.base import DispatcherSide, Probe, Route, sample_distinct
+from lbtestbed.spec import Experiment
+
+
+class _SchemeDispatcher(DispatcherSide):
+    def __init__(self, exp: Experiment, rng: random.Random, index: int = 0) -> None:
+        super().__init__(exp, rng, index)
+        assert isinstance(exp.policy.d, tuple)
+        self.d = exp.policy.d
+        self.members = [[k for k in range(self.n) if exp.node_class[k] == i] for i in range(len(exp.classes))]
+        fixed = [c.speed.value for c in exp.classes]
+        self.speed = [fixed[exp.node_class[k]] or Fraction(exp.node_speeds[k]) for k in range(self.n)]
+
+    def dispatch(self) -> Probe:
+        nodes: list[int] = []
+        for members, d in zip(self.members, self.d, strict=True):
+            nodes.extend(members[j] for j in sample_distinct(self.rng, len(members), d))
+        return Probe(tuple(nodes))
+
+    def _kept(self, probe: Probe, replies: Sequence[int]) -> list[tuple[int, int]]:
+        """Per class, the least occupied probed node (first minimum of a random sample: uniform ties)."""
+        kept, start = [], 0
+        for d in self.d:
+            best = start
+            for k in range(start + 1, start + d):
+                if replies[k] < replies[best]:
+                    best = k
+            kept.append((probe.nodes[best], replies[best]))
+            start += d
+        speed = self.speed
+        kept.sort(key=lambda nq: -speed[nq[0]])  # fastest first (stable: equal speeds keep class order)
+        return kept
+
+    def better(self, a: tuple[int, int], b: tuple[int, int]) -> bool:
+        raise NotImplementedError
+
+    def resolve(self, probe: Probe, replies: Sequence[int]) -> Route:
+        kept = self._kept(probe, replies)
+        best = kept[0]
+        for cand in kept[1:]:
+            if self.better(cand, best):
+                best = cand
+        return Route(best[0], "idle" if best[1] == 0 else "busy")
+
+
+class Scheme1Dispatcher(_SchemeDispatcher):
+    """Least occupancy among the kept nodes."""
+
+    name = "scheme1"
+
+    def better(self, a: tuple[int, int], b: tuple[int, int]) -> bool:
+        return a[1] < b[1]
+
+
+class Scheme2Dispatcher(_SchemeDispatcher):
+    """Highest rate per task: speed_a / q_a > speed_b / q_b, compared as speed_a q_b > speed_b q_a."""
+
+    name = "scheme2"
+
+    def better(self, a: tuple[int, int], b: tuple[int, int]) -> bool:
+        (na, qa), (nb, qb) = a, b
+        if qb == 0:
+            return False  # nothing beats an idle node already chosen (it is at least as fast)
+        if qa == 0:
+            return True
+        return self.speed[na] * qb > self.speed[nb] * qa

@@ -1,0 +1,240 @@
+"""SLTA: self-learning threshold assignment (``jlmu_slta.md`` §5).
+
+Thresholds l_i(r) come from the slot ranking and the learned index r. A class-i pool holding x tasks has a
+green token iff x < l_i(r), and a yellow token iff i = i_r and x < j_r. Dispatch priorities (§5.2): green
+tokens of classes other than i_{r-1}, then green tokens of class i_{r-1}, then yellow tokens, then a uniformly
+random pool. Learning (§5.3), on the state just before the arrival and applied after the dispatch:
+r -> r - 1 when #green >= n beta and some green token is of class i_{r-1}; r -> r + 1 when #yellow <= 1 and
+#green = 0.
+
+Messages (§5.4). Dispatcher and pool share a *belief*, the pool's bits as the dispatcher holds them. The
+dispatcher updates its belief on its own (dispatch and change of r, by the inference below); a pool sends a
+TOKEN whenever its true bits differ from the belief, so with exact delivery the belief is always the truth.
+The belief rides to the pool on every forwarded task and on the EPOCH message a pool gets when r changes its
+class's thresholds. Inference works on the interval of occupancies that the believed bits allow; where the
+interval decides a bit the bit is exact, otherwise an arrival assumes the token is gone (the pool corrects
+if not) and an epoch change keeps green and withholds yellow (the pool reports a new token), as the notes say.
+
+Every change of r starts a new epoch. TOKENs carry the pool's epoch and a sequence number; the dispatcher
+drops a token older than the last change of that class's thresholds, or older than one it has applied.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+
+from lbtestbed.policies.base import NO_MESSAGES, DispatcherSide, Message, NodeSide, Route
+from lbtestbed.policies.jlmu import ranking_of
+from lbtestbed.policies.ranking import Ranking
+from lbtestbed.policies.structures import TokenSet
+from lbtestbed.spec import Experiment
+
+Bits = tuple[bool, bool]
+
+
+class Thresholds:
+    """What pools and dispatcher both derive from the ranking: contexts, true bits, inference."""
+
+    def __init__(self, ranking: Ranking) -> None:
+        self.ranking = ranking
+
+    def context(self, i: int, r: int) -> tuple[int, int]:
+        """Everything class i's bits depend on at index r: (l_i(r), j_r if i = i_r else 0)."""
+        ir, jr = self.ranking.slot(r)
+        return self.ranking.thresholds(r)[i], jr if ir == i else 0
+
+    def true_bits(self, i: int, x: int, r: int) -> Bits:
+        ell, jr = self.context(i, r)
+        return x < ell, jr > 0 and x < jr
+
+    def _interval(self, i: int, r: int, g: bool, y: bool) -> tuple[float, float]:
+        """The occupancies a class-i pool can hold when it is believed to have bits (g, y) at r."""
+        ell, jr = self.context(i, r)
+        if g:
+            return 0, ell - 1
+        if y and jr:
+            return ell, jr - 1
+        return (max(ell, jr) if jr else ell), math.inf
+
+    def _decide(self, i: int, r: int, lo: float, hi: float, g_unsure: bool, y_unsure: bool) -> Bits:
+        ell, jr = self.context(i, r)
+        g = True if hi < ell else False if lo >= ell else g_unsure
+        y = False if not jr else True if hi < jr else False if lo >= jr else y_unsure
+        return g, y
+
+    def after_arrival(self, i: int, r: int, bits: Bits) -> Bits:
+        """Belief after the dispatcher sends a task to a pool it believed to have ``bits``."""
+        lo, hi = self._interval(i, r, *bits)
+        return self._decide(i, r, lo + 1, hi + 1, False, False)
+
+    def after_epoch(self, i: int, r_old: int, r_new: int, bits: Bits) -> Bits:
+        """Belief after r moves from r_old to r_new."""
+        lo, hi = self._interval(i, r_old, *bits)
+        return self._decide(i, r_new, lo, hi, True, False)
+
+
+class SLTADispatcher(DispatcherSide):
+    name = "slta"
+
+    def __init__(self, exp: Experiment, rng: random.Random, index: int = 0) -> None:
+        super().__init__(exp, rng, index)
+        assert exp.policy.beta is not None
+        self.th = Thresholds(ranking_of(exp))
+        self.ranking = self.th.ranking
+        self.green_needed = self.n * exp.policy.beta
+        self.node_class = exp.node_class
+        self.m = len(exp.classes)
+        self.members = [[k for k in range(self.n) if self.node_class[k] == i] for i in range(self.m)]
+        self.r = 1
+        self.epoch = 0
+        self.class_changed = [0] * self.m  # epoch of the last change of each class's context
+        self.green = [TokenSet() for _ in range(self.m)]
+        self.yellow = TokenSet()
+        self.bits: list[Bits] = [(False, False)] * self.n
+        self.seen_seq = [0] * self.n
+        self.stale_tokens = 0
+        for k in range(self.n):  # the system starts empty with r = 1
+            self._set(k, self.th.true_bits(self.node_class[k], 0, 1))
+
+    def _set(self, k: int, bits: Bits) -> None:
+        self.bits[k] = bits
+        i = self.node_class[k]
+        if bits[0]:
+            self.green[i].add(k)
+        else:
+            self.green[i].discard(k)
+        if bits[1]:
+            self.yellow.add(k)
+        else:
+            self.yellow.discard(k)
+
+    @property
+    def green_total(self) -> int:
+        return sum(len(g) for g in self.green)
+
+    def dispatch(self) -> Route:
+        r, rng = self.r, self.rng
+        green_total = self.green_total
+        prev = self.ranking.slot(r - 1)[0] if r > 1 else -1
+        green_prev = len(self.green[prev]) if prev >= 0 else 0
+        yellow = len(self.yellow)
+        if green_total > green_prev:
+            # uniform over all green tokens of classes other than i_{r-1}: class by weight, then a token
+            u = rng.random() * (green_total - green_prev)
+            for i, g in enumerate(self.green):
+                if i == prev or not g:
+                    continue
+                u -= len(g)
+                if u < 0:
+                    break
+            node, outcome = g.pick(rng), "green_other"
+        elif green_prev:
+            node, outcome = self.green[prev].pick(rng), "green_prev"
+        elif yellow:
+            node, outcome = self.yellow.pick(rng), "yellow"
+        else:
+            node, outcome = int(rng.random() * self.n), "random"
+        bits = self.th.after_arrival(self.node_class[node], r, self.bits[node])
+        self._set(node, bits)
+        piggyback = (self.epoch, r, self.seen_seq[node], *bits)
+        messages = NO_MESSAGES
+        if r > 1 and green_total >= self.green_needed and green_prev >= 1:
+            messages = self._move(r - 1)
+        elif yellow <= 1 and green_total == 0:
+            messages = self._move(r + 1)
+        return Route(node, outcome, messages, piggyback)
+
+    def _move(self, r_new: int) -> tuple[Message, ...]:
+        """Change r, update the belief of every pool whose class's thresholds changed, tell those pools."""
+        r_old = self.r
+        self.r = r_new
+        self.epoch += 1
+        out: list[Message] = []
+        for i in range(self.m):
+            if self.th.context(i, r_old) == self.th.context(i, r_new):
+                continue
+            self.class_changed[i] = self.epoch
+            for k in self.members[i]:
+                bits = self.th.after_epoch(i, r_old, r_new, self.bits[k])
+                self._set(k, bits)
+                out.append(Message("epoch", k, (self.epoch, r_new, self.seen_seq[k], *bits), self.index))
+        return tuple(out)
+
+    def on_message(self, msg: Message) -> tuple[Message, ...]:
+        if not msg.kind.startswith("token_"):
+            return super().on_message(msg)
+        epoch, _r, seq, g, y = msg.data
+        k = msg.node
+        if seq <= self.seen_seq[k]:
+            self.stale_tokens += 1  # a duplicate, or overtaken by a later token of the same pool
+            return NO_MESSAGES
+        self.seen_seq[k] = seq
+        if epoch < self.class_changed[self.node_class[k]]:
+            self.stale_tokens += 1  # computed under thresholds that have changed since; an EPOCH resyncs
+            return NO_MESSAGES
+        self._set(k, (g, y))
+        return NO_MESSAGES
+
+    def gauges(self) -> dict[str, float]:
+        out = {"slta_r": float(self.r), "slta_yellow_tokens": float(len(self.yellow))}
+        ell = self.ranking.thresholds(self.r)
+        for i, c in enumerate(self.exp.classes):
+            out[f"slta_green_tokens:{c.name}"] = float(len(self.green[i]))
+            out[f"slta_threshold:{c.name}"] = float(ell[i])
+        return out
+
+
+class SLTANode(NodeSide):
+    """A pool's half: compares its true bits with the shared belief and sends a TOKEN when they differ."""
+
+    def __init__(
+        self,
+        exp: Experiment,
+        node: int,
+        rng: random.Random,
+        dispatchers: int = 1,
+        thresholds: Thresholds | None = None,
+    ) -> None:
+        super().__init__(exp, node, rng, dispatchers)
+        self.th = thresholds or Thresholds(ranking_of(exp))
+        self.epoch, self.r = 0, 1
+        self.belief = self.sent = self.th.true_bits(self.cls, 0, 1)
+        self.seq = 0
+
+    def _sync(self, x: int, kind: str, to: int) -> tuple[Message, ...]:
+        bits = self.th.true_bits(self.cls, x, self.r)
+        if bits == self.belief:
+            return NO_MESSAGES
+        self.seq += 1
+        self.belief = self.sent = bits
+        return (Message(kind, self.node, (self.epoch, self.r, self.seq, *bits), to),)
+
+    def _adopt(self, data: Sequence[object], with_task: bool) -> None:
+        """Take the epoch, r and belief a dispatcher sent, unless something newer arrived first."""
+        epoch, r, seen, g, y = data
+        assert isinstance(epoch, int) and isinstance(r, int)
+        if epoch < self.epoch:
+            return  # overtaken by a later epoch message, whose belief already counts this one
+        self.epoch, self.r = epoch, r
+        if with_task and seen != self.seq:
+            # a token of ours is still on its way: the dispatcher will hold what it says
+            self.belief = self.sent
+        else:
+            # an epoch message makes every older token of ours stale, so its belief stands
+            self.belief = (bool(g), bool(y))
+
+    def on_arrival(self, x: int, origin: int, piggyback: tuple[object, ...]) -> tuple[Message, ...]:
+        if piggyback:
+            self._adopt(piggyback, with_task=True)
+        return self._sync(x, "token_arrival", origin)
+
+    def on_departure(self, x: int, origin: int) -> tuple[Message, ...]:
+        return self._sync(x, "token_departure", origin)
+
+    def on_message(self, msg: Message, x: int) -> tuple[Message, ...]:
+        if msg.kind != "epoch":
+            return super().on_message(msg, x)
+        self._adopt(msg.data, with_task=False)
+        return self._sync(x, "token_epoch", msg.dispatcher)

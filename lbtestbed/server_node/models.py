@@ -1,0 +1,193 @@
+"""Node models: the service disciplines, written once against a clock (DESIGN principle 3).
+
+A model never reads a clock: every call carries ``now`` in model seconds. The simulator passes virtual time,
+the server node passes wall time divided by ``time_scale``. A driver asks ``next_completion()`` for the
+time of the next departure and calls ``complete(now)`` then; it must ask again after every arrival.
+
+Every model keeps the exact time integrals of DESIGN principle 5: seconds spent with exactly k tasks,
+task-seconds and utility-seconds, advanced at every change of occupancy.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+
+from lbtestbed.utility import Utility
+from lbtestbed.workload import Task
+
+INF = math.inf
+
+
+class NodeModel:
+    """Common state: occupancy and its time integrals."""
+
+    discipline = ""
+    __slots__ = (
+        "arrivals",
+        "completions",
+        "last",
+        "speed",
+        "task_seconds",
+        "time_at",
+        "utility",
+        "utility_seconds",
+        "x",
+    )
+
+    def __init__(self, speed: float = 1.0, utility: Utility | None = None, now: float = 0.0) -> None:
+        self.speed = speed
+        self.utility = utility
+        self.x = 0  # tasks present, in service or waiting
+        self.last = now
+        self.time_at: list[float] = [0.0]  # time_at[k]: seconds spent holding exactly k tasks
+        self.task_seconds = 0.0
+        self.utility_seconds = 0.0
+        self.arrivals = 0
+        self.completions = 0
+
+    def advance(self, now: float) -> None:
+        """Bring the integrals up to ``now``."""
+        dt = now - self.last
+        if dt > 0.0:
+            x = self.x
+            self.time_at[x] += dt
+            self.task_seconds += x * dt
+            if self.utility is not None:
+                self.utility_seconds += self.utility.value(x) * dt
+            self.last = now
+
+    def _grow(self) -> None:
+        self.x += 1
+        if self.x == len(self.time_at):
+            self.time_at.append(0.0)
+
+    def arrive(self, task: Task, now: float) -> bool:
+        """Accept a task; True when it has to wait for service (fcfs only)."""
+        raise NotImplementedError
+
+    def next_completion(self) -> float:
+        """Model time of the next departure, ``inf`` when idle."""
+        raise NotImplementedError
+
+    def complete(self, now: float) -> Task:
+        """Remove and return the task that completes at ``now``."""
+        raise NotImplementedError
+
+
+class PoolNode(NodeModel):
+    """Infinite-server pool: every task is in service at once, for its own work / speed."""
+
+    discipline = "pool"
+    __slots__ = ("_heap", "_seq")
+
+    def __init__(self, speed: float = 1.0, utility: Utility | None = None, now: float = 0.0) -> None:
+        super().__init__(speed, utility, now)
+        self._heap: list[tuple[float, int, Task]] = []
+        self._seq = 0
+
+    def arrive(self, task: Task, now: float) -> bool:
+        self.advance(now)
+        self._grow()
+        self.arrivals += 1
+        self._seq += 1
+        heapq.heappush(self._heap, (now + task.work / self.speed, self._seq, task))
+        return False
+
+    def next_completion(self) -> float:
+        return self._heap[0][0] if self._heap else INF
+
+    def complete(self, now: float) -> Task:
+        self.advance(now)
+        self.x -= 1
+        self.completions += 1
+        return heapq.heappop(self._heap)[2]
+
+
+class PSNode(NodeModel):
+    """Processor sharing: q tasks are each served at speed / q.
+
+    Virtual time V is the work each present task has received since V = 0; a task of work w that arrives at
+    virtual time V0 leaves when V reaches V0 + w.
+    """
+
+    discipline = "ps"
+    __slots__ = ("_heap", "_seq", "_v")
+
+    def __init__(self, speed: float = 1.0, utility: Utility | None = None, now: float = 0.0) -> None:
+        super().__init__(speed, utility, now)
+        self._heap: list[tuple[float, int, Task]] = []
+        self._seq = 0
+        self._v = 0.0
+
+    def advance(self, now: float) -> None:
+        if self.x:
+            self._v += (now - self.last) * self.speed / self.x
+        NodeModel.advance(self, now)
+
+    def arrive(self, task: Task, now: float) -> bool:
+        self.advance(now)
+        self.last = now  # also when dt == 0, so that V and the integrals share one reference time
+        self._grow()
+        self.arrivals += 1
+        self._seq += 1
+        heapq.heappush(self._heap, (self._v + task.work, self._seq, task))
+        return False
+
+    def next_completion(self) -> float:
+        if not self._heap:
+            return INF
+        return self.last + (self._heap[0][0] - self._v) * self.x / self.speed
+
+    def complete(self, now: float) -> Task:
+        self.advance(now)
+        self.last = now
+        vf, _, task = heapq.heappop(self._heap)
+        self._v = max(self._v, vf)  # absorb rounding: the leaving task has received exactly its work
+        self.x -= 1
+        self.completions += 1
+        if not self._heap:
+            self._v = 0.0  # restart virtual time on an idle node to keep it small
+        return task
+
+
+class FCFSNode(NodeModel):
+    """A single server at rate ``speed`` with a FIFO queue."""
+
+    discipline = "fcfs"
+    __slots__ = ("_finish", "_queue")
+
+    def __init__(self, speed: float = 1.0, utility: Utility | None = None, now: float = 0.0) -> None:
+        super().__init__(speed, utility, now)
+        self._queue: deque[Task] = deque()
+        self._finish = INF
+
+    def arrive(self, task: Task, now: float) -> bool:
+        self.advance(now)
+        waits = self.x > 0
+        self._grow()
+        self.arrivals += 1
+        self._queue.append(task)
+        if not waits:
+            self._finish = now + task.work / self.speed
+        return waits
+
+    def next_completion(self) -> float:
+        return self._finish
+
+    def complete(self, now: float) -> Task:
+        self.advance(now)
+        self.x -= 1
+        self.completions += 1
+        task = self._queue.popleft()
+        self._finish = now + self._queue[0].work / self.speed if self._queue else INF
+        return task
+
+
+MODELS: dict[str, type[NodeModel]] = {"pool": PoolNode, "ps": PSNode, "fcfs": FCFSNode}
+
+
+def make_node(discipline: str, speed: float, utility: Utility | None = None, now: float = 0.0) -> NodeModel:
+    """The node model of a discipline named in the spec."""
+    return MODELS[discipline](speed, utility, now)

@@ -1,0 +1,498 @@
+"""The experiment spec: one TOML file drives predict, simulate, cluster and run (DESIGN principle 1).
+
+``load_spec`` reads and validates a file. Every problem raises ``SpecError`` whose text is one line naming
+the file, the key and what is wrong; nothing runs on a spec that did not validate. Every key is documented
+in ``docs/spec.md``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lbtestbed.distributions import SIZE_DISTRIBUTIONS, SizeDistribution, SpeedSpec
+from lbtestbed.utility import TableUtility, Utility, XLogUtility, first_concavity_violation
+
+DISCIPLINES = ("pool", "ps", "fcfs")
+POLICIES = (
+    "random",
+    "round_robin",
+    "jsq",
+    "power_of_d",
+    "least_request",
+    "jiq",
+    "jlmu",
+    "slta",
+    "scheme1",
+    "scheme2",
+)
+TIE_BREAKS = ("random", "fastest", "slowest", "longest_idle", "fastest_idle")
+UTILITY_POLICIES = ("jlmu", "slta")
+
+# Policy keys each policy accepts beside ``name``; a key given to a policy that ignores it is an error,
+# because a user who writes it expects it to act.
+POLICY_KEYS: dict[str, tuple[str, ...]] = {
+    "random": (),
+    "round_robin": (),
+    "jsq": ("tie_break",),
+    "power_of_d": ("d", "replace", "tie_break"),
+    "least_request": ("d", "replace"),
+    "jiq": ("tie_break",),
+    "jlmu": ("rank_order",),
+    "slta": ("beta", "beta_scale", "rank_order"),
+    "scheme1": ("d",),
+    "scheme2": ("d",),
+}
+
+
+class SpecError(ValueError):
+    """A bad spec: ``str(err)`` is ``"<file>: <key>: <what is wrong>"``."""
+
+    def __init__(self, source: str, key: str, message: str) -> None:
+        self.source, self.key, self.message = source, key, message
+        super().__init__(f"{source}: {key}: {message}" if key else f"{source}: {message}")
+
+
+@dataclass(frozen=True)
+class NodeClass:
+    name: str
+    count: int
+    discipline: str
+    speed: SpeedSpec
+    utility: Utility | None
+
+
+@dataclass(frozen=True)
+class Workload:
+    arrival_rate: float  # total tasks per model second
+    load: float  # offered load per node: arrival_rate * service.mean / n
+    service: SizeDistribution
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    name: str
+    d: int | tuple[int, ...] | None = None
+    replace: bool = False
+    tie_break: str = "random"
+    beta: float | None = None
+    rank_order: str = "ij"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    warmup: float
+    duration: float
+    time_scale: float = 1.0
+    batches: int = 20
+
+
+@dataclass(frozen=True)
+class NetworkSpec:
+    delay: SizeDistribution | None = None  # one-way delay of every state message, model seconds
+    forward_tasks: bool = False  # whether task forwarding is delayed too
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    seed: int
+    classes: tuple[NodeClass, ...]
+    workload: Workload
+    policy: PolicySpec
+    run: RunSpec
+    network: NetworkSpec = field(default_factory=NetworkSpec)
+    source: str = "<spec>"
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def n(self) -> int:
+        """Total number of nodes."""
+        return sum(c.count for c in self.classes)
+
+    @cached_property
+    def node_class(self) -> tuple[int, ...]:
+        """Class index of every node; nodes are numbered class by class in spec order."""
+        return tuple(i for i, c in enumerate(self.classes) for _ in range(c.count))
+
+    @cached_property
+    def node_speeds(self) -> tuple[float, ...]:
+        """Speed of every node, drawn once per experiment from its seed."""
+        rng = np.random.default_rng(seed_sequence(self.seed, "speeds"))
+        speeds: list[float] = []
+        for c in self.classes:
+            speeds.extend(c.speed.draw(rng, c.count))
+        return tuple(speeds)
+
+    @property
+    def work_rate(self) -> float:
+        """Work arriving per model second."""
+        return self.workload.arrival_rate * self.workload.service.mean
+
+
+_STREAMS = {"speeds": 1, "arrivals": 2, "sizes": 3, "policy": 4, "network": 5, "nodes": 6}
+
+
+def seed_sequence(seed: int, stream: str, replication: int = 0) -> np.random.SeedSequence:
+    """An independent random stream of an experiment: one per purpose and replication."""
+    return np.random.SeedSequence([seed, replication, _STREAMS[stream]])
+
+
+# --------------------------------------------------------------------------------------------- parsing
+
+
+class _Reader:
+    """Typed access to a TOML table that reports the full key path of every problem."""
+
+    def __init__(self, source: str, table: Mapping[str, Any], prefix: str) -> None:
+        self.source, self.table, self.prefix = source, table, prefix
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}.{name}" if self.prefix else name
+
+    def fail(self, name: str, message: str) -> SpecError:
+        return SpecError(self.source, self.key(name), message)
+
+    def check_keys(self, allowed: Iterable[str]) -> None:
+        allowed = tuple(allowed)
+        for k in self.table:
+            if k not in allowed:
+                hint = f"; expected one of {', '.join(allowed)}" if allowed else ""
+                raise self.fail(k, f"unknown key{hint}")
+
+    def has(self, name: str) -> bool:
+        return name in self.table
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.table.get(name, default)
+
+    def require(self, name: str) -> Any:
+        if name not in self.table:
+            raise SpecError(self.source, self.key(name), "missing")
+        return self.table[name]
+
+    def string(self, name: str, default: str | None = None, choices: Sequence[str] = ()) -> str:
+        v = self.require(name) if default is None else self.get(name, default)
+        if not isinstance(v, str):
+            raise self.fail(name, f"must be a string, got {_show(v)}")
+        if choices and v not in choices:
+            raise self.fail(name, f"must be one of {', '.join(choices)}, got {v!r}")
+        return v
+
+    def integer(self, name: str, default: int | None = None, minimum: int | None = None) -> int:
+        v = self.require(name) if default is None else self.get(name, default)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise self.fail(name, f"must be an integer, got {_show(v)}")
+        if minimum is not None and v < minimum:
+            raise self.fail(name, f"must be at least {minimum}, got {v}")
+        return v
+
+    def number(self, name: str, default: float | None = None, positive: bool = True) -> float:
+        v = self.require(name) if default is None else self.get(name, default)
+        return self.as_number(name, v, positive)
+
+    def as_number(self, name: str, v: Any, positive: bool | None = True) -> float:
+        """A finite number; positive=True: > 0, False: >= 0, None: any sign."""
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise self.fail(name, f"must be a number, got {_show(v)}")
+        if not math.isfinite(v):
+            raise self.fail(name, f"must be finite, got {v}")
+        if positive is None:
+            return float(v)
+        if positive and v <= 0:
+            raise self.fail(name, f"must be positive, got {v}")
+        if not positive and v < 0:
+            raise self.fail(name, f"must not be negative, got {v}")
+        return float(v)
+
+    def boolean(self, name: str, default: bool) -> bool:
+        v = self.get(name, default)
+        if not isinstance(v, bool):
+            raise self.fail(name, f"must be true or false, got {_show(v)}")
+        return v
+
+    def sub(self, name: str) -> _Reader:
+        v = self.require(name)
+        if not isinstance(v, Mapping):
+            raise self.fail(name, f"must be a table, got {_show(v)}")
+        return _Reader(self.source, v, self.key(name))
+
+
+def _show(v: Any) -> str:
+    kind = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "table"}
+    return f"{kind.get(type(v), type(v).__name__)} {v!r}" if not isinstance(v, dict | list) else kind[type(v)]
+
+
+_FRACTION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:/\s*(\d+(?:\.\d+)?)\s*)?$")
+
+
+def _parse_speed(r: _Reader) -> SpeedSpec:
+    if not r.has("speed"):
+        return SpeedSpec(value=Fraction(1))
+    v = r.get("speed")
+    if isinstance(v, Mapping):
+        s = _Reader(r.source, v, r.key("speed"))
+        s.check_keys(("dist", "low", "high"))
+        s.string("dist", choices=("uniform",))
+        low, high = s.number("low"), s.number("high")
+        if high <= low:
+            raise s.fail("high", f"must exceed low ({low:g}), got {high:g}")
+        return SpeedSpec(low=low, high=high)
+    if isinstance(v, str):
+        m = _FRACTION.match(v)
+        if not m:
+            raise r.fail("speed", f'must be a number, a fraction like "2/3" or a table, got {v!r}')
+        value = Fraction(m.group(1)) / Fraction(m.group(2) or 1)
+    else:
+        # str() keeps the decimal the user wrote: 0.2 becomes exactly 1/5, so speed ratios tie exactly
+        value = Fraction(str(r.as_number("speed", v)))
+    if value <= 0:
+        raise r.fail("speed", f"must be positive, got {v!r}")
+    return SpeedSpec(value=value)
+
+
+def _parse_utility(r: _Reader) -> Utility | None:
+    if not r.has("utility"):
+        return None
+    u = r.sub("utility")
+    kind = u.string("kind", choices=("xlog", "table"))
+    if kind == "xlog":
+        u.check_keys(("kind", "r"))
+        return XLogUtility(u.number("r"))
+    u.check_keys(("kind", "values"))
+    values = u.require("values")
+    if not isinstance(values, list) or len(values) < 2:
+        raise u.fail("values", "must be an array of at least two numbers u(0), u(1), ...")
+    nums = [u.as_number(f"values[{i}]", x, positive=None) for i, x in enumerate(values)]
+    bad = first_concavity_violation(nums)
+    if bad is not None:
+        raise u.fail(
+            "values", f"utility must be concave: u({bad + 1}) - u({bad}) exceeds u({bad}) - u({bad - 1})"
+        )
+    return TableUtility(nums)
+
+
+def _parse_size(r: _Reader, name: str) -> SizeDistribution:
+    v = r.get(name)
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        return SizeDistribution.of("deterministic", r.as_number(name, v))
+    t = r.sub(name)
+    dist = t.string("dist", choices=SIZE_DISTRIBUTIONS)
+    needs_scv = dist in ("hyperexponential", "lognormal")
+    t.check_keys(("dist", "mean", "scv") if needs_scv else ("dist", "mean"))
+    mean = t.number("mean")
+    scv = t.number("scv") if needs_scv else None
+    if dist == "hyperexponential" and scv is not None and scv < 1:
+        raise t.fail("scv", f"a hyperexponential has scv >= 1, got {scv:g} (use lognormal below 1)")
+    return SizeDistribution.of(dist, mean, scv)
+
+
+def _parse_class(r: _Reader) -> NodeClass:
+    r.check_keys(("name", "count", "discipline", "speed", "utility"))
+    return NodeClass(
+        name=r.string("name"),
+        count=r.integer("count", minimum=1),
+        discipline=r.string("discipline", choices=DISCIPLINES),
+        speed=_parse_speed(r),
+        utility=_parse_utility(r),
+    )
+
+
+def _parse_policy(r: _Reader, classes: Sequence[NodeClass], n: int) -> PolicySpec:
+    name = r.string("name", choices=POLICIES)
+    r.check_keys(("name", *POLICY_KEYS[name]))
+    d: int | tuple[int, ...] | None = None
+    if name in ("power_of_d", "least_request"):
+        d = r.integer("d", default=2, minimum=1)
+        replace = r.boolean("replace", False)
+        if d > n and not replace:
+            raise r.fail("d", f"samples {d} distinct nodes but the spec has only {n}")
+    elif name in ("scheme1", "scheme2"):
+        raw = r.get("d", [2] * len(classes))
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            raw = [raw] * len(classes)
+        if not isinstance(raw, list) or len(raw) != len(classes):
+            raise r.fail("d", f"must be an array with one probe count per class ({len(classes)} classes)")
+        for i, (dj, c) in enumerate(zip(raw, classes, strict=True)):
+            if isinstance(dj, bool) or not isinstance(dj, int) or dj < 1:
+                raise r.fail(f"d[{i}]", f"must be a positive integer, got {_show(dj)}")
+            if dj > c.count:
+                raise r.fail(
+                    f"d[{i}]", f"samples {dj} distinct nodes but class {c.name!r} has only {c.count}"
+                )
+        d = tuple(raw)
+        replace = False
+    else:
+        replace = False
+    tie_break = r.string("tie_break", default="random", choices=TIE_BREAKS)
+    if name == "power_of_d" and tie_break not in ("random", "fastest", "slowest"):
+        raise r.fail("tie_break", "power_of_d breaks ties among sampled nodes by random, fastest or slowest")
+    beta = None
+    if name == "slta":
+        if r.has("beta") == r.has("beta_scale"):
+            raise r.fail(
+                "beta",
+                "give exactly one of beta (the learning threshold beta_n) or beta_scale "
+                "(c in beta_n = c n^(-1/4))",
+            )
+        beta = r.number("beta") if r.has("beta") else r.number("beta_scale") * n**-0.25
+        if n * beta < 2:
+            raise r.fail(
+                "beta" if r.has("beta") else "beta_scale",
+                f"n * beta_n = {n * beta:.3g} < 2 breaks SLTA's yellow-token invariant "
+                f"(jlmu_slta.md §5.3); use beta >= {2 / n:.3g}",
+            )
+    rank_order = r.string("rank_order", default="ij", choices=("ij", "ji"))
+    return PolicySpec(name=name, d=d, replace=replace, tie_break=tie_break, beta=beta, rank_order=rank_order)
+
+
+def parse_spec(data: Mapping[str, Any], source: str = "<spec>") -> Experiment:
+    """Validate a decoded TOML document and build the experiment."""
+    top = _Reader(source, data, "")
+    top.check_keys(("name", "description", "seed", "classes", "workload", "policy", "run", "network"))
+    name = top.string("name")
+    if top.has("description"):
+        top.string("description")
+    seed = top.integer("seed", default=0, minimum=0)
+
+    raw_classes = top.require("classes")
+    if not isinstance(raw_classes, list) or not raw_classes:
+        raise top.fail("classes", "must be an array of one or more [[classes]] tables")
+    classes: list[NodeClass] = []
+    for i, c in enumerate(raw_classes):
+        if not isinstance(c, Mapping):
+            raise top.fail(f"classes[{i}]", "must be a table")
+        classes.append(_parse_class(_Reader(source, c, f"classes[{i}]")))
+    names = [c.name for c in classes]
+    for i, nm in enumerate(names):
+        if nm in names[:i]:
+            raise top.fail(f"classes[{i}].name", f"duplicate class name {nm!r}")
+    n = sum(c.count for c in classes)
+
+    w = top.sub("workload")
+    w.check_keys(("load", "arrival_rate", "service"))
+    service = _parse_size(w, "service") if w.has("service") else SizeDistribution.of("exponential", 1.0)
+    if w.has("load") == w.has("arrival_rate"):
+        raise w.fail("load", "give exactly one of load (per node) and arrival_rate (total per second)")
+    if w.has("load"):
+        load = w.number("load")
+        rate = load * n / service.mean
+    else:
+        rate = w.number("arrival_rate")
+        load = rate * service.mean / n
+    workload = Workload(arrival_rate=rate, load=load, service=service)
+
+    p = top.sub("policy")
+    policy = _parse_policy(p, classes, n)
+    if policy.name in UTILITY_POLICIES:
+        for i, c in enumerate(classes):
+            if c.discipline != "pool":
+                raise top.fail(
+                    f"classes[{i}].discipline", f"{policy.name} needs pool nodes, got {c.discipline!r}"
+                )
+            if c.utility is None:
+                raise top.fail(f"classes[{i}].utility", f"{policy.name} needs a utility for every pool class")
+
+    rr = top.sub("run")
+    rr.check_keys(("warmup", "duration", "time_scale", "batches"))
+    duration = rr.number("duration")
+    run = RunSpec(
+        warmup=rr.number("warmup", default=duration / 10, positive=False),
+        duration=duration,
+        time_scale=rr.number("time_scale", default=1.0),
+        batches=rr.integer("batches", default=20, minimum=2),
+    )
+
+    network = NetworkSpec()
+    if top.has("network"):
+        nw = top.sub("network")
+        nw.check_keys(("delay", "forward_tasks"))
+        delay = None
+        if nw.has("delay"):
+            v = nw.get("delay")
+            zero = isinstance(v, int | float) and not isinstance(v, bool) and v == 0
+            delay = None if zero else _parse_size(nw, "delay")
+        network = NetworkSpec(delay=delay, forward_tasks=nw.boolean("forward_tasks", False))
+
+    exp = Experiment(name, seed, tuple(classes), workload, policy, run, network, source, data)
+    _check_stability(exp, top)
+    return exp
+
+
+def _check_stability(exp: Experiment, top: _Reader) -> None:
+    """Refuse loads that no policy (or the chosen static policy) can carry on ps/fcfs nodes."""
+    speeds, cls = exp.node_speeds, exp.node_class
+    queued = [k for k in range(exp.n) if exp.classes[cls[k]].discipline != "pool"]
+    if len(queued) != exp.n:
+        return  # a pool has infinite capacity, so some policy keeps the system stable
+    capacity = sum(speeds)
+    if exp.work_rate >= capacity:
+        raise top.fail(
+            "workload",
+            f"unstable: work arrives at {exp.work_rate:.4g}/s but the nodes serve at most "
+            f"{capacity:.4g}/s (load must stay below the mean speed {capacity / exp.n:.4g})",
+        )
+    if exp.policy.name in ("random", "round_robin"):
+        slowest = min(speeds)
+        if exp.work_rate / exp.n >= slowest:
+            raise top.fail(
+                "workload",
+                f"unstable under {exp.policy.name}: each node gets "
+                f"{exp.work_rate / exp.n:.4g} work/s but the slowest node serves {slowest:.4g}/s",
+            )
+
+
+# ------------------------------------------------------------------------------------------- overrides
+
+
+def apply_overrides(data: dict[str, Any], overrides: Iterable[str], source: str) -> dict[str, Any]:
+    """Apply ``key.path=value`` overrides (``classes[0].count=10``, ``policy.name=jiq``) to a document."""
+    for item in overrides:
+        if "=" not in item:
+            raise SpecError(source, item, "an override reads key.path=value")
+        path, _, text = item.partition("=")
+        try:
+            value: Any = tomllib.loads(f"v = {text}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = text  # bare words are strings: policy.name=jiq
+        parts = [p for p in re.split(r"\.|\[(\d+)\]", path.strip()) if p]
+        node: Any = data
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            key: Any = int(part) if part.isdigit() else part
+            if isinstance(node, list):
+                if not isinstance(key, int) or key >= len(node):
+                    raise SpecError(source, path, f"no list element {part}")
+            elif isinstance(node, dict):
+                if not last and key not in node:
+                    node[key] = {}
+            else:
+                raise SpecError(source, path, f"{'.'.join(parts[:i])} is not a table")
+            if last:
+                node[key] = value
+            else:
+                node = node[key]
+    return data
+
+
+def load_spec(path: str | Path, overrides: Iterable[str] = ()) -> Experiment:
+    """Read, override and validate a spec file."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise SpecError(source, "", f"cannot read: {e.strerror or e}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise SpecError(source, "", f"not valid TOML: {e}") from None
+    return parse_spec(apply_overrides(data, overrides, source), source)
