@@ -128,11 +128,11 @@ def summarize(exp: Experiment, raws: Sequence[RawRun], source: str = "simulation
     }
     tails: dict[str, list[dict[str, float | None]]] = {}
     for i, c in enumerate(exp.classes):
-        entries = []
-        j = 0
+        entries: list[dict[str, float | None]] = [{"value": 1.0, "ci95": 0.0}]  # every node holds >= 0 tasks
+        j = 1
         while any(f"tail:{i}:{j}" in r.ratios for r in raws):
             e = _estimate(raws, f"tail:{i}:{j}")
-            if j > 0 and (e.value or 0.0) < TAIL_CUTOFF:
+            if (e.value or 0.0) < TAIL_CUTOFF:
                 break
             entries.append(e.to_json())
             j += 1
