@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any
 
 from lbtestbed.spec import SpecError, load_spec
@@ -38,10 +39,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if k == 1:
         raws = [simulate_once(exp, 0, None if args.quiet else _progress(exp.name))]
     else:
-        if not args.quiet:
-            print(f"{exp.name}: {k} replications in parallel", file=sys.stderr)
         with ProcessPoolExecutor(max_workers=min(k, args.jobs)) as pool:
-            raws = list(pool.map(simulate_once, [exp] * k, range(k)))
+            futures = [pool.submit(simulate_once, exp, i) for i in range(k)]
+            for done, _ in enumerate(as_completed(futures), 1):
+                if not args.quiet:
+                    print(f"{exp.name}: replication {done}/{k} done", file=sys.stderr)
+            raws = [f.result() for f in futures]
     if not args.quiet and sys.stderr.isatty():
         sys.stderr.write("\r" + " " * 60 + "\r")
     result = summarize(exp, raws)
@@ -54,8 +57,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    import os
-
     parser = argparse.ArgumentParser(
         prog="lbt",
         description="lbtestbed: load-balancing policies from the literature, simulated, predicted, emulated.",
@@ -109,6 +110,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("lbt: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # a bug, not bad input: say so in one line; LBT_DEBUG=1 shows the traceback
+        if os.environ.get("LBT_DEBUG"):
+            raise
+        print(
+            f"lbt: internal error: {type(e).__name__}: {e} (set LBT_DEBUG=1 for the traceback)",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

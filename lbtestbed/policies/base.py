@@ -97,10 +97,14 @@ class NodeSide:
         """A task left (``x`` tasks present now); ``origin`` routed it."""
         return NO_MESSAGES
 
+    def probe_reply(self, x: int) -> int:
+        """What a probe learns from a node holding ``x`` tasks: its occupancy, tasks waiting included."""
+        return x
+
     def on_message(self, msg: Message, x: int) -> tuple[Message, ...]:
-        """A message from a dispatcher; probes are answered with the occupancy."""
+        """A message from a dispatcher; probes are answered with ``probe_reply``."""
         if msg.kind == "probe":
-            return (Message("probe_reply", self.node, (x,), msg.dispatcher),)
+            return (Message("probe_reply", self.node, (self.probe_reply(x),), msg.dispatcher),)
         raise ValueError(f"node side does not expect {msg.kind!r} messages")
 
 
