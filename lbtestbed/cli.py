@@ -56,6 +56,35 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_predict(args: argparse.Namespace) -> int:
+    from lbtestbed.analysis.tables import render, render_notes, render_transient
+    from lbtestbed.analysis.theory import predict, transient_table
+
+    exp = load_spec(args.spec, args.set)
+    result = predict(exp)
+    transient = None
+    if args.transient:
+        if {c.discipline for c in exp.classes} != {"pool"} or any(c.utility is None for c in exp.classes):
+            print(
+                f"lbt: error: {exp.source}: --transient needs pools with utilities (the JLMU fluid model)",
+                file=sys.stderr,
+            )
+            return EXIT_BAD_INPUT
+        horizon = max(2 * result.extras["bounds"]["warmup_needed"], exp.run.warmup)
+        steps = 24
+        transient = transient_table(exp, [horizon * k / steps for k in range(steps + 1)])
+        result.extras["transient"] = transient
+    if args.json:
+        json.dump(result.to_json(), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return EXIT_OK
+    print(render(result))
+    print(render_notes(result))
+    if transient is not None:
+        print(render_transient(exp, result, transient))
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lbt",
@@ -94,6 +123,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--quiet", action="store_true", help="no progress on stderr")
     sim.set_defaults(func=cmd_simulate)
+
+    pre = sub.add_parser(
+        "predict",
+        help="the stationary values theory predicts for a spec",
+        description="Compute what the papers' formulas predict for an experiment spec: closed forms, fixed "
+        "points and bounds, each with its formula and assumptions. Metrics no formula covers are null with a "
+        "note saying why.",
+    )
+    pre.add_argument("spec", help="experiment spec (TOML), see docs/spec.md")
+    pre.add_argument("--json", action="store_true", help="print the result object (source: theory) as JSON")
+    pre.add_argument(
+        "--transient",
+        action="store_true",
+        help="also the JLMU fluid trajectory from an empty system and the warm-up it needs (pools)",
+    )
+    pre.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec value")
+    pre.set_defaults(func=cmd_predict)
     return parser
 
 

@@ -302,7 +302,7 @@ class Simulator:
             self._r_changes(t, self.r)
         classes = self.exp.classes
         time_at = [np.zeros(1) for _ in classes]
-        task_s = util_s = idle_speed = 0.0
+        task_s = util_s = idle_speed = idle = 0.0
         for c, node in zip(self.exp.node_class, self.nodes, strict=True):
             ta = node.time_at
             if len(ta) > len(time_at[c]):
@@ -311,12 +311,14 @@ class Simulator:
             task_s += node.task_seconds
             util_s += node.utility_seconds
             idle_speed += node.speed * ta[0]
+            idle += ta[0]
         self.snapshots.append(
             {
                 "time_at": time_at,
                 "task_s": task_s,
                 "util_s": util_s,
                 "idle_speed": idle_speed,
+                "idle": idle,
                 "tot": self.tot_area,
                 "tot2": self.tot_area2,
                 "r": self.r_area,
@@ -379,7 +381,9 @@ class Simulator:
         raw.ratios["mean_tasks_per_node"] = (diff("task_s"), ones * n)
         if all(c.utility is not None for c in exp.classes):
             raw.ratios["utility"] = (diff("util_s"), ones * n)
-        raw.ratios["idle_capacity"] = (diff("idle_speed"), ones)
+        if "pool" not in {c.discipline for c in exp.classes}:  # a pool has no capacity to leave idle
+            raw.ratios["idle_capacity"] = (diff("idle_speed"), ones)
+            raw.ratios["idle_nodes"] = (diff("idle"), ones)
         raw.ratios["tasks_in_system"] = (diff("tot"), ones)
         raw.ratios["tasks_in_system_sq"] = (diff("tot2"), ones)
         for c, cls in enumerate(exp.classes):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from lbtestbed.analysis.result import Result
+from lbtestbed.spec import Experiment
 
 
 def _fmt(v: float | None, digits: int = 6) -> str:
@@ -31,6 +32,7 @@ def render(result: Result) -> str:
         "utility",
         "wait_probability",
         "idle_capacity",
+        "idle_nodes",
         "messages_per_task",
         "slta_r",
     ):
@@ -71,4 +73,39 @@ def render(result: Result) -> str:
             f"warning: {result.extras['censored_tasks']} measured tasks had not completed when the "
             "simulation stopped; their sojourn times are missing"
         )
+    return "\n".join(lines)
+
+
+def render_notes(result: Result) -> str:
+    """Bounds and the note behind every predicted (or withheld) metric."""
+    lines = []
+    bounds = result.extras.get("bounds") or {}
+    if bounds:
+        lines.append("bounds:")
+        for key, value in bounds.items():
+            lines.append(f"  {key}: {_fmt(value) if isinstance(value, float) else value}")
+    lines.append("notes:")
+    for note in result.extras.get("notes", []):
+        if "null" in note:
+            lines.append(f"  {note['metric']}: null - {note['null']}")
+        else:
+            assumes = f" [assumes: {'; '.join(note['assumes'])}]" if note.get("assumes") else ""
+            lines.append(f"  {note['metric']}: {note['formula']} ({note['source']}){assumes}")
+    return "\n".join(lines)
+
+
+def render_transient(exp: Experiment, result: Result, points: list[dict[str, float]]) -> str:
+    """The fluid trajectory from empty and the warm-up check."""
+    lines = [
+        "JLMU fluid trajectory from an empty system:",
+        f"  {'t':>8} {'mass s(t)':>10} {'U*(s(t))':>10} {'|q-q*|_1':>10}",
+    ]
+    for pt in points:
+        lines.append(f"  {pt['t']:8.3f} {pt['mass']:10.4f} {pt['utility']:10.5f} {pt['distance']:10.5f}")
+    need = result.extras["bounds"]["warmup_needed"]
+    verdict = "enough" if exp.run.warmup >= need else "TOO SHORT"
+    lines.append(
+        f"warm-up: the spec discards {exp.run.warmup:g} model seconds; the fluid model needs {need:.3g} "
+        f"({verdict})"
+    )
     return "\n".join(lines)

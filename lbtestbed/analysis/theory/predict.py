@@ -1,0 +1,542 @@
+"""``lbt predict``: the stationary values the papers predict for a spec, with formulas and assumptions.
+
+Where no formula applies the metric stays null and a note says why; no number is invented. Notes name the
+formula, where it comes from (the spec notes in ``shared/spec`` or textbook queueing) and what it assumes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from fractions import Fraction
+from typing import Any
+
+from scipy import optimize
+
+from lbtestbed.analysis.result import METRICS, Result
+from lbtestbed.analysis.theory import hetero_ps, queues, supermarket
+from lbtestbed.analysis.theory.fluid import warmup_needed
+from lbtestbed.analysis.theory.pools import poisson_jensen_bound, pool_load, pool_optimum, random_utility
+from lbtestbed.spec import Experiment
+
+JSQ_NOTES = "jsq_power_of_d.md"
+POOL_NOTES = "jlmu_slta.md"
+PS_NOTES = "hetero_ps.md"
+
+
+class Prediction:
+    """Collects metric values and the note that justifies or withholds each."""
+
+    def __init__(self, exp: Experiment) -> None:
+        self.exp = exp
+        self.metrics: dict[str, Any] = {k: {"value": None, "ci95": None} for k in METRICS}
+        self.metrics["occupancy_tail"] = {c.name: None for c in exp.classes}
+        self.notes: list[dict[str, Any]] = []
+        self.bounds: dict[str, Any] = {}
+
+    def set(self, metric: str, value: float, formula: str, source: str, assumes: Sequence[str] = ()) -> None:
+        self.metrics[metric]["value"] = float(value)
+        self.notes.append({"metric": metric, "formula": formula, "source": source, "assumes": list(assumes)})
+
+    def tail(
+        self, cls: str, tail: Sequence[float], formula: str, source: str, assumes: Sequence[str] = ()
+    ) -> None:
+        self.metrics["occupancy_tail"][cls] = [{"value": float(p), "ci95": None} for p in tail]
+        self.notes.append(
+            {
+                "metric": f"occupancy_tail[{cls}]",
+                "formula": formula,
+                "source": source,
+                "assumes": list(assumes),
+            }
+        )
+
+    def null(self, metric: str, reason: str) -> None:
+        if not any(n["metric"] == metric for n in self.notes):
+            self.notes.append({"metric": metric, "null": reason})
+
+    def result(self) -> Result:
+        exp = self.exp
+        for metric in METRICS:
+            value = self.metrics[metric]
+            empty = (
+                all(v is None for v in value.values())
+                if metric == "occupancy_tail"
+                else value["value"] is None
+            )
+            if empty:
+                self.null(metric, f"no formula in the notes covers {exp.policy.name} on this spec")
+        for name, tail in self.metrics["occupancy_tail"].items():
+            if tail is None:
+                self.metrics["occupancy_tail"][name] = []
+        context = {
+            "spec": exp.source,
+            "n": exp.n,
+            "load": exp.workload.load,
+            "arrival_rate": exp.workload.arrival_rate,
+        }
+        return Result(
+            exp.name,
+            exp.policy.name,
+            "theory",
+            self.metrics,
+            context,
+            {"bounds": self.bounds, "notes": self.notes},
+        )
+
+
+def _disciplines(exp: Experiment) -> set[str]:
+    return {c.discipline for c in exp.classes}
+
+
+def _equal_speeds(exp: Experiment) -> float | None:
+    speeds = set(exp.node_speeds)
+    return speeds.pop() if len(speeds) == 1 else None
+
+
+def _mixture_quantile(cdfs: Sequence[Callable[[float], float]], q: float, scale: float) -> float:
+    """q-quantile of an equal-weight mixture of distributions given by their distribution functions."""
+
+    def excess(t: float) -> float:
+        return sum(f(t) for f in cdfs) / len(cdfs) - q
+
+    hi = scale
+    while excess(hi) < 0:
+        hi *= 2
+    return float(optimize.brentq(excess, 0.0, hi))
+
+
+def predict(exp: Experiment) -> Result:
+    """The theory result object for a spec."""
+    p = Prediction(exp)
+    work = exp.workload.service
+    discs = _disciplines(exp)
+    msgs = _messages(exp)
+    if msgs[0] is None:
+        p.null("messages_per_task", msgs[1])
+    else:
+        p.set("messages_per_task", msgs[0], msgs[1], msgs[2], msgs[3])
+    if discs == {"pool"}:
+        _pools(exp, p)
+    elif "pool" not in discs:
+        _queued_common(exp, p)
+        policy = exp.policy.name
+        if policy == "random":
+            _static(exp, p, per_node=lambda s: _node_formula(exp, exp.workload.arrival_rate / exp.n, s))
+        elif policy == "round_robin":
+            _round_robin(exp, p)
+        elif policy in ("power_of_d", "least_request"):
+            _supermarket(exp, p)
+        elif policy in ("jsq", "jiq"):
+            _join_idle(exp, p)
+        elif policy in ("scheme1", "scheme2"):
+            _schemes(exp, p)
+    else:
+        p.null("mean_sojourn", "mixed pools and queues: no formula in the notes")
+    if work.dist != "exponential":
+        p.notes.append(
+            {
+                "metric": "*",
+                "formula": f"work is {work.describe()}",
+                "source": "spec",
+                "assumes": ["formulas marked 'exponential work' do not apply"],
+            }
+        )
+    return p.result()
+
+
+# ----------------------------------------------------------------------------------------- messages
+
+
+def _messages(exp: Experiment) -> tuple[float | None, str, str, list[str]]:
+    name, d = exp.policy.name, exp.policy.d
+    if name in ("random", "round_robin", "least_request"):
+        return 0.0, "no state messages", "policy definition", []
+    if name == "power_of_d":
+        assert isinstance(d, int)
+        return 2.0 * d, f"2d = {2 * d}: d probes and d replies", f"{JSQ_NOTES} §4", []
+    if name in ("scheme1", "scheme2"):
+        assert isinstance(d, tuple)
+        return 2.0 * sum(d), f"2 sum(d_j) = {2 * sum(d)}", f"{PS_NOTES} §7", []
+    if name in ("jsq", "jlmu"):
+        return 1.0, "one departure notice per task", f"{JSQ_NOTES} §4, {POOL_NOTES} §4", []
+    if name == "jiq":
+        return (
+            1.0,
+            "1 - P(wait) idle tokens per task, -> 1 as n grows at load < 1",
+            f"{JSQ_NOTES} §4",
+            ["large n", "load < 1", "one dispatcher"],
+        )
+    return (
+        None,
+        "SLTA has no closed form: about one token per task at q* plus corrections and epoch messages; "
+        f"the exact-CTMC reference gives 1.02-1.14 for n = 50..800 ({POOL_NOTES} §8.4)",
+        f"{POOL_NOTES} §5.4",
+        [],
+    )
+
+
+# -------------------------------------------------------------------------------------------- pools
+
+
+def _pools(exp: Experiment, p: Prediction) -> None:
+    work = exp.workload.service
+    speed = _equal_speeds(exp)
+    if speed is None:
+        p.null("mean_sojourn", "pools of different speeds: the total is not Poisson independently of routing")
+        return
+    es = work.mean / speed
+    rho = exp.workload.arrival_rate * es / exp.n
+    n = exp.n
+    src = f"{POOL_NOTES} §1, §8.1"
+    p.set("tasks_in_system", n * rho, "n rho: the total is M/G/inf, Poisson(n rho), under any policy", src)
+    p.metrics["tasks_in_system"]["variance"] = {"value": n * rho, "ci95": None}
+    p.set("mean_tasks_per_node", rho, "rho = lambda E[S] / n", src)
+    p.set("mean_sojourn", es, "E[S]: a pool serves every task at once", src)
+    p.set("sojourn_p50", queues.service_quantile(work, speed, 0.5), "median of the service time", src)
+    p.set(
+        "sojourn_p99", queues.service_quantile(work, speed, 0.99), "99th percentile of the service time", src
+    )
+    p.null("wait_probability", "pools never queue a task")
+    p.null("idle_capacity", "pools have no finite capacity")
+    if any(c.utility is None for c in exp.classes):
+        p.null("utility", "some class has no utility")
+        if exp.policy.name == "random":
+            for c in exp.classes:
+                p.tail(c.name, queues.poisson_tail(rho), "Poisson(rho) per pool", src)
+        return
+    opt = pool_optimum(exp)
+    pj = poisson_jensen_bound(exp)
+    names = [c.name for c in exp.classes]
+    p.bounds.update(
+        {
+            "utility_upper": opt.bound,
+            "utility_poisson_jensen": pj,
+            "r_star": opt.r_star,
+            "sigma_star": {"class": names[opt.sigma[0]], "j": opt.sigma[1]},
+            "q_star_fill": float(opt.fill),
+            "integral_optimum": opt.integral,
+            "thresholds_at_r_star": dict(zip(names, opt.thresholds, strict=True)),
+            "valid_for": "every policy and every n (Theorem 1; Poisson-Jensen: jlmu_slta.md §3)",
+        }
+    )
+    if speed != 1.0:
+        p.notes.append(
+            {
+                "metric": "utility",
+                "formula": "bounds use rho = the spec's load",
+                "source": POOL_NOTES,
+                "assumes": ["pools of speed 1"],
+            }
+        )
+    policy = exp.policy.name
+    if policy == "random":
+        p.set(
+            "utility",
+            random_utility(exp),
+            "sum_i alpha_i E[u_i(Poisson(rho))]",
+            f"{POOL_NOTES} §8.1 item 4",
+            ["uniform random routing: each pool is M/G/inf"],
+        )
+        for c in exp.classes:
+            p.tail(c.name, queues.poisson_tail(rho), "Poisson(rho) per pool", f"{POOL_NOTES} §8.1 item 4")
+    elif policy in ("jlmu", "slta"):
+        limit = ["n -> infinity (Theorem 2)", "exponential work"]
+        if policy == "slta":
+            limit.append("beta_n -> 0 with n^gamma beta_n bounded below")
+            if opt.integral:
+                limit.append("the optimum is integral here, which the SLTA theory does not cover (§5.3)")
+        p.set("utility", opt.bound, "u(q*): the limit of the mean utility", f"{POOL_NOTES} §3, §7.1", limit)
+        for i, c in enumerate(exp.classes):
+            p.tail(
+                c.name,
+                opt.class_tail(i),
+                "q*: l_i tasks per pool, sigma*'s slot in a fraction of class i*",
+                f"{POOL_NOTES} §3, §8.2 item 6",
+                limit,
+            )
+        if policy == "slta":
+            p.set("slta_r", opt.r_star, "r*: the rank of sigma*", f"{POOL_NOTES} §8.3 item 10", limit)
+    else:
+        p.null("utility", f"{policy} on pools has no theory in the notes; the bounds above still hold")
+    p.bounds["warmup_needed"] = warmup_needed(exp)
+
+
+# ------------------------------------------------------------------------------------------- queues
+
+
+def _queued_common(exp: Experiment, p: Prediction) -> None:
+    capacity = sum(exp.node_speeds)
+    p.bounds["stability"] = {
+        "work_rate": exp.work_rate,
+        "capacity": capacity,
+        "stable": exp.work_rate < capacity,
+    }
+    p.set(
+        "idle_capacity",
+        capacity - exp.work_rate,
+        "sum of speeds - work arrival rate: every node is busy a fraction (its work rate / its speed)",
+        f"{JSQ_NOTES} §1.7 (P1)",
+        ["any stable policy", "fcfs or ps nodes (work conserving)"],
+    )
+    speed = _equal_speeds(exp)
+    if speed is not None:
+        p.set(
+            "idle_nodes",
+            exp.n - exp.work_rate / speed,
+            "n - work rate / speed",
+            f"{JSQ_NOTES} §1.7 (P1)",
+            ["any stable policy", "equal speeds"],
+        )
+
+
+def _node_formula(exp: Experiment, a: float, speed: float) -> queues.NodeQueue | None:
+    work = exp.workload.service
+    disc = exp.classes[0].discipline if len(_disciplines(exp)) == 1 else None
+    if disc == "fcfs":
+        return queues.mg1_fcfs(a, work, speed)
+    if disc == "ps":
+        return queues.mg1_ps(a, work, speed)
+    return None
+
+
+def _static(
+    exp: Experiment,
+    p: Prediction,
+    per_node: Callable[[float], queues.NodeQueue | None],
+    formula: str = "M/G/1 per node (Pollaczek-Khinchine for fcfs, M/G/1-PS for ps)",
+    source: str = "textbook queueing; jsq_power_of_d.md §3",
+    assumes: Sequence[str] = (),
+) -> None:
+    """Average per-node formulas over the nodes (each node gets 1/n of the tasks)."""
+    work = exp.workload.service
+    speeds = exp.node_speeds
+    by_speed = {s: per_node(s) for s in set(speeds)}
+    if any(q is None for q in by_speed.values()):
+        p.null("mean_sojourn", "mixed fcfs and ps nodes")
+        return
+    nodes = [by_speed[s] for s in speeds]
+    n = exp.n
+    exact = all(q is not None and q.exact for q in nodes)
+    tag = list(assumes) + ([] if exact else ["approximation"])
+    p.set("mean_sojourn", sum(q.mean_sojourn for q in nodes if q) / n, formula, source, tag)
+    p.set("mean_tasks_per_node", sum(q.mean_tasks for q in nodes if q) / n, formula + ", Little", source, tag)
+    p.set("tasks_in_system", sum(q.mean_tasks for q in nodes if q), formula + ", Little", source, tag)
+    waits = [q.wait_probability for q in nodes if q]
+    if exp.classes[0].discipline == "fcfs" and all(w is not None for w in waits):
+        p.set(
+            "wait_probability",
+            sum(w for w in waits if w is not None) / n,
+            "P(node busy) by PASTA",
+            source,
+            tag,
+        )
+    for i, c in enumerate(exp.classes):
+        members = [nodes[k] for k in range(n) if exp.node_class[k] == i]
+        if all(q is not None and q.tail is not None for q in members):
+            width = max(len(q.tail) for q in members if q and q.tail)
+            tail = [
+                sum((q.tail[j] if q and q.tail and j < len(q.tail) else 0.0) for q in members) / len(members)
+                for j in range(width)
+            ]
+            p.tail(c.name, tail, "per-node occupancy law, averaged over the class", source, tag)
+    if exp.classes[0].discipline == "fcfs" and work.dist == "exponential" and exact:
+        # sojourn of an fcfs node with exponential work and P(wait) = w: Exp(mu (1 - w)) for M/M/1 and GI/M/1
+        rates = [(speeds[k] / work.mean) * (1 - (nodes[k].wait_probability or 0.0)) for k in range(n)]  # type: ignore[union-attr]
+        cdfs = [lambda t, r=r: 1 - math.exp(-r * t) for r in rates]
+        scale = 1 / min(rates)
+        p.set(
+            "sojourn_p50",
+            _mixture_quantile(cdfs, 0.5, scale),
+            "exponential sojourn per node, mixed",
+            source,
+            tag,
+        )
+        p.set(
+            "sojourn_p99",
+            _mixture_quantile(cdfs, 0.99, scale),
+            "exponential sojourn per node, mixed",
+            source,
+            tag,
+        )
+
+
+def _round_robin(exp: Experiment, p: Prediction) -> None:
+    work = exp.workload.service
+    lam, n = exp.workload.arrival_rate, exp.n
+    disc = exp.classes[0].discipline if len(_disciplines(exp)) == 1 else None
+    if work.dist == "exponential":
+        _static(
+            exp,
+            p,
+            lambda s: queues.erlang_arrivals_m1(lam, n, work, s),
+            formula="GI/M/1 per node with Erlang(n) gaps: sigma = (lambda/(lambda + mu(1 - sigma)))^n",
+            source="textbook queueing (GI/M/1)",
+            assumes=["exponential work"],
+        )
+    elif disc == "fcfs":
+        _static(
+            exp,
+            p,
+            lambda s: queues.kingman_fcfs(lam / n, 1.0 / n, work, s),
+            formula="Kingman: Wq ~ E[S] rho/(1-rho) (1/n + scv)/2 (Erlang(n) gaps have scv 1/n)",
+            source="textbook queueing (Kingman)",
+        )
+    else:
+        p.null("mean_sojourn", "round robin on ps nodes with non-exponential work: no formula")
+
+
+def _supermarket(exp: Experiment, p: Prediction) -> None:
+    speed = _equal_speeds(exp)
+    work = exp.workload.service
+    disc = exp.classes[0].discipline if len(_disciplines(exp)) == 1 else None
+    if speed is None:
+        p.null("mean_sojourn", "power-of-d with unequal speeds: no fixed point in the notes")
+        return
+    if disc == "fcfs" and work.dist != "exponential":
+        p.null(
+            "mean_sojourn",
+            "JSQ(d) on fcfs nodes is insensitive only for exponential work (jsq_power_of_d.md §2.4)",
+        )
+        return
+    assert isinstance(exp.policy.d, int)
+    d = exp.policy.d
+    a = exp.workload.arrival_rate / exp.n
+    rho = a * work.mean / speed
+    assumes = ["n -> infinity (mean field)", "exponential work" if disc == "fcfs" else "ps: any work law"]
+    if exp.policy.name == "least_request":
+        assumes.append(
+            "one dispatcher: its in-flight counts are the queue lengths, so least_request is JSQ(d)"
+        )
+    src = f"{JSQ_NOTES} §2.2, §2.4"
+    tails = supermarket.tails(rho, d)
+    L = sum(tails[1:])
+    p.set("mean_tasks_per_node", L, f"L = sum_k P_k, P_k = rho^((d^k - 1)/(d - 1)), d = {d}", src, assumes)
+    p.set("tasks_in_system", exp.n * L, "n L", src, assumes)
+    p.set("mean_sojourn", L / a, "W = L / lambda (Little)", src, assumes)
+    for c in exp.classes:
+        p.tail(c.name, tails, "P_k = rho^((d^k - 1)/(d - 1))", src, assumes)
+    if disc == "fcfs":
+        p.set("wait_probability", supermarket.wait_probability(rho, d), "P_1^d = rho^d", src, assumes)
+        mu = speed / work.mean
+        for metric, q in (("sojourn_p50", 0.5), ("sojourn_p99", 0.99)):
+            p.set(
+                metric,
+                supermarket.fcfs_sojourn_quantile(rho, d, mu, q),
+                "mixture of Gamma(k+1, mu) with weights P_k^d - P_{k+1}^d",
+                src,
+                assumes,
+            )
+
+
+def _join_idle(exp: Experiment, p: Prediction) -> None:
+    """JSQ and JIQ at fixed load < 1: queueing vanishes as n grows; Halfin-Whitt idle counts for JSQ."""
+    work = exp.workload.service
+    speed = _equal_speeds(exp)
+    name = exp.policy.name
+    src = f"{JSQ_NOTES} §3"
+    if speed is not None:
+        rho = exp.work_rate / (exp.n * speed)
+        limit = ["n -> infinity at fixed load < 1 (queueing vanishes)"]
+        if name == "jiq":
+            limit += ["exponential work, or load < 1/2 for general work (Foss-Stolyar)"]
+        p.set("mean_sojourn", work.mean / speed, "E[S]: every task finds an idle node", src, limit)
+        p.set("mean_tasks_per_node", rho, "rho: one task per busy node", src, limit)
+        p.set("tasks_in_system", exp.n * rho, "n rho", src, limit)
+        if exp.classes[0].discipline == "fcfs":
+            p.set("wait_probability", 0.0, "P(wait) -> 0", src, limit)
+        for c in exp.classes:
+            p.tail(c.name, [1.0, rho], "P(>= 1) = rho, P(>= 2) -> 0", src, limit)
+        p.set("sojourn_p50", queues.service_quantile(work, speed, 0.5), "service-time median", src, limit)
+        p.set(
+            "sojourn_p99",
+            queues.service_quantile(work, speed, 0.99),
+            "service-time 99th percentile",
+            src,
+            limit,
+        )
+        return
+    if name != "jsq":
+        p.null("mean_sojourn", "JIQ with unequal speeds: no formula in the notes")
+        return
+    # heterogeneous JSQ, Halfin-Whitt regime: E[#idle] ~ sqrt(n) beta / c, beta = (sum mu - lambda) / sqrt(n)
+    mus = [s / work.mean for s in exp.node_speeds]
+    n = exp.n
+    beta = (sum(mus) - exp.workload.arrival_rate) / math.sqrt(n)
+    lo, hi = _rate_support(exp)
+    mean_mu = sum(mus) / n
+    fairness = {"fastest": lo, "fastest_idle": lo, "slowest": hi}.get(
+        exp.policy.tie_break, sum(m * m for m in mus) / n / mean_mu
+    )
+    p.set(
+        "idle_nodes",
+        math.sqrt(n) * beta / fairness,
+        "sqrt(n) beta / c, c = <iota, eta> of the tie-break",
+        f"{JSQ_NOTES} §1.7 (P2)",
+        ["Halfin-Whitt diffusion limit", "exponential work", "approximation"],
+    )
+    p.bounds["halfin_whitt"] = {"beta": beta, "fairness_coefficient": fairness}
+
+
+def _rate_support(exp: Experiment) -> tuple[float, float]:
+    """The support [mu_min, mu_max] of the rate distribution: the spec's bounds, or its class speeds."""
+    lows, highs = [], []
+    for c in exp.classes:
+        if c.speed.value is not None:
+            lows.append(float(c.speed.value))
+            highs.append(float(c.speed.value))
+        else:
+            assert c.speed.low is not None and c.speed.high is not None
+            lows.append(c.speed.low)
+            highs.append(c.speed.high)
+    m = exp.workload.service.mean
+    return min(lows) / m, max(highs) / m
+
+
+def _schemes(exp: Experiment, p: Prediction) -> None:
+    if _disciplines(exp) != {"ps"}:
+        p.null("mean_sojourn", "scheme 1 and 2 are analysed for ps nodes only")
+        return
+    if any(c.speed.value is None for c in exp.classes):
+        p.null("mean_sojourn", "the fixed point needs one speed per class")
+        return
+    assert isinstance(exp.policy.d, tuple)
+    caps = [Fraction(c.speed.value or 1) for c in exp.classes]
+    gam = [c.count / exp.n for c in exp.classes]
+    lam = exp.workload.arrival_rate / exp.n
+    mu = 1.0 / exp.workload.service.mean
+    scheme = 1 if exp.policy.name == "scheme1" else 2
+    fp = hetero_ps.fixed_point(caps, gam, exp.policy.d, lam, mu, scheme)
+    src = f"{PS_NOTES} §3.2, §3.4"
+    assumes = ["n -> infinity (mean field)", "ps: any work law (asymptotic insensitivity)"]
+    eq = "(4.11)" if scheme == 1 else "(4.12)"
+    p.set(
+        "mean_sojourn",
+        fp.overall_sojourn,
+        f"fixed point of {eq}: E[T] = sum_j gamma_j E[Q_j] / lambda",
+        src,
+        assumes,
+    )
+    p.set("mean_tasks_per_node", fp.overall_tasks, "sum_j gamma_j sum_n P_n^(j)", src, assumes)
+    p.set("tasks_in_system", exp.n * fp.overall_tasks, "n E[Q]", src, assumes)
+    p.metrics["mean_sojourn"]["by_class"] = {
+        c.name: {"value": fp.mean_sojourn[i], "ci95": None} for i, c in enumerate(exp.classes)
+    }
+    for i, c in enumerate(exp.classes):
+        p.tail(c.name, fp.tails[i], f"fixed point of {eq}", src, assumes)
+    p.bounds["stability"]["condition"] = "lambda < mu sum_j gamma_j C_j (Theorem 3.1)"
+    p.bounds["job_share"] = {c.name: fp.share[i] for i, c in enumerate(exp.classes)}
+    p.bounds["fixed_point_residual"] = fp.residual
+
+
+def transient_table(exp: Experiment, times: Sequence[float]) -> list[dict[str, float]]:
+    """The JLMU fluid trajectory from empty (pools only)."""
+    from lbtestbed.analysis.theory.fluid import from_empty
+
+    return [
+        {"t": pt.t, "mass": pt.mass, "utility": pt.utility, "distance": pt.distance}
+        for pt in from_empty(exp, times)
+    ]
+
+
+__all__ = ["pool_load", "predict", "transient_table"]
