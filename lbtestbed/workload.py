@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from lbtestbed.distributions import BlockSampler, SizeDistribution
 from lbtestbed.spec import Experiment, seed_sequence
 
 
@@ -27,23 +26,37 @@ class Task:
 class PoissonWorkload:
     """Poisson arrivals at the spec's rate with work sizes from its service distribution.
 
-    Arrival gaps and sizes come from separate streams, so changing the rate leaves the sizes alone.
+    Arrival gaps and sizes come from separate streams, so changing the rate leaves the sizes alone. Both are
+    drawn in blocks; ``next`` hands them out one by one and ``next_block`` a block at a time.
     """
 
+    BLOCK = 4096
+
     def __init__(self, exp: Experiment, replication: int = 0) -> None:
-        rate = exp.workload.arrival_rate
-        self._gap = BlockSampler(
-            SizeDistribution.of("exponential", 1.0 / rate),
-            np.random.default_rng(seed_sequence(exp.seed, "arrivals", replication)),
-        )
-        self._size = BlockSampler(
-            exp.workload.service, np.random.default_rng(seed_sequence(exp.seed, "sizes", replication))
-        )
-        self.time = 0.0
-        self.count = 0
+        self._mean_gap = 1.0 / exp.workload.arrival_rate
+        self._service = exp.workload.service
+        self._gaps = np.random.default_rng(seed_sequence(exp.seed, "arrivals", replication))
+        self._sizes = np.random.default_rng(seed_sequence(exp.seed, "sizes", replication))
+        self.time = 0.0  # arrival time of the last task handed out
+        self.count = 0  # tasks handed out
+        self._t: list[float] = []
+        self._w: list[float] = []
+        self._i = 0
+        self._end = 0.0  # arrival time of the last task drawn
+
+    def next_block(self) -> tuple[list[float], list[float]]:
+        """Arrival times and works of the next BLOCK tasks (the caller counts what it uses)."""
+        times = self._end + np.cumsum(self._gaps.exponential(self._mean_gap, self.BLOCK))
+        self._end = float(times[-1])
+        return times.tolist(), self._service.sample(self._sizes, self.BLOCK).tolist()
 
     def next(self) -> tuple[float, float]:
         """(arrival time, work) of the next task."""
-        self.time += self._gap()
+        if self._i == len(self._t):
+            self._t, self._w = self.next_block()
+            self._i = 0
+        i = self._i
+        self._i = i + 1
         self.count += 1
-        return self.time, self._size()
+        self.time = self._t[i]
+        return self.time, self._w[i]

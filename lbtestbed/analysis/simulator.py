@@ -22,7 +22,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lbtestbed.distributions import BlockSampler
-from lbtestbed.policies import MESSAGE_KINDS, Message, Probe, Route, make_dispatcher, make_node_sides
+from lbtestbed.policies import (
+    MESSAGE_KINDS,
+    DispatcherSide,
+    Message,
+    NodeSide,
+    Probe,
+    Route,
+    make_dispatcher,
+    make_node_sides,
+)
 from lbtestbed.policies.slta import SLTADispatcher
 from lbtestbed.server_node.models import NodeModel, make_node
 from lbtestbed.spec import Experiment, seed_sequence
@@ -329,15 +338,27 @@ class Simulator:
 
     def run(self) -> RawRun:
         wall = time.perf_counter()
+        boundaries = [self.t_start + b * self.batch_len for b in range(self.B)] + [self.t_end]
+        drain_until = self.t_end + self.exp.run.duration
+        if self.delay is None:
+            self._run_direct(boundaries, drain_until)
+        else:
+            self._run_general(boundaries, drain_until)
+        return self._raw(time.perf_counter() - wall)
+
+    def _tick(self, t: float, horizon: float, report: list[float]) -> None:
+        if self.progress is not None and time.perf_counter() > report[0]:
+            report[0] = time.perf_counter() + 1.0
+            self.progress(min(1.0, t / horizon))
+
+    def _run_general(self, boundaries: list[float], drain_until: float) -> None:
+        """Any network delay: every message, probe and (optionally) task travels through the event heap."""
         heap = self.heap
         pop = heapq.heappop
-        boundaries = [self.t_start + b * self.batch_len for b in range(self.B)] + [self.t_end]
         bi = 0
         next_boundary = boundaries[0]
         t_arr, work = self.workload.next()
-        drain_until = self.t_end + self.exp.run.duration
-        report = time.perf_counter() + 1.0
-        horizon = drain_until
+        report = [time.perf_counter() + 1.0]
         while True:
             t_heap = heap[0][0] if heap else INF
             t = t_arr if t_arr <= t_heap else t_heap
@@ -363,10 +384,151 @@ class Simulator:
                         self.events -= 1  # a stale completion is no model event
                 else:
                     self._heap_event(kind, a, b)
-            if self.progress is not None and not self.events & 0xFFFF and time.perf_counter() > report:
-                report = time.perf_counter() + 1.0
-                self.progress(min(1.0, t / horizon))
-        return self._raw(time.perf_counter() - wall)
+            if not self.events & 0xFFFF:
+                self._tick(t, drain_until, report)
+
+    def _run_direct(self, boundaries: list[float], drain_until: float) -> None:
+        """No network delay: the same steps as the general loop, fused into one function.
+
+        Probes, tasks and messages are delivered at once, so the heap holds only completions, and the
+        plumbing methods of the general loop are inlined here. Policy and node objects are called as usual.
+        """
+        heap: list[tuple[float, int, int, int]] = []
+        push, pop = heapq.heappush, heapq.heappop
+        disp, nodes, sides = self.dispatcher, self.nodes, self.sides
+        dispatch, resolve, on_done = disp.dispatch, disp.resolve, disp.on_task_done
+        version, scheduled = self.version, self.scheduled
+        plain_probe = all(type(s).probe_reply is NodeSide.probe_reply for s in sides)
+        quiet_arrival = all(type(s).on_arrival is NodeSide.on_arrival for s in sides)
+        quiet_departure = all(type(s).on_departure is NodeSide.on_departure for s in sides)
+        ignores_done = type(disp).on_task_done is DispatcherSide.on_task_done
+        probe_counts = self.msg_counts.get("probe")
+        reply_counts = self.msg_counts.get("probe_reply")
+        arrivals, fcfs_arrivals, fcfs_waits = self.arrivals, self.fcfs_arrivals, self.fcfs_waits
+        is_fcfs, node_class = self.is_fcfs, self.exp.node_class
+        sojourn, sojourn_class, decisions = self.sojourn, self.sojourn_class, self.decisions
+        slta = self.slta
+        workload = self.workload
+        times, works = workload.next_block()
+        ai, count = 0, 0
+        t_arr, work = times[0], works[0]
+        nb = len(boundaries)
+        bi, next_boundary = 0, boundaries[0]
+        batch = self.batch
+        seq = 0
+        n_sys, tot_last, tot_area, tot_area2 = self.in_system, self.tot_last, self.tot_area, self.tot_area2
+        outstanding = self.outstanding
+        events = 0
+        report = [time.perf_counter() + 1.0]
+        while True:
+            t_heap = heap[0][0] if heap else INF
+            t = t_arr if t_arr <= t_heap else t_heap
+            if t >= next_boundary:
+                self.in_system, self.tot_last, self.tot_area, self.tot_area2 = (
+                    n_sys,
+                    tot_last,
+                    tot_area,
+                    tot_area2,
+                )
+                self._boundary(next_boundary)
+                n_sys, tot_last, tot_area, tot_area2 = (
+                    self.in_system,
+                    self.tot_last,
+                    self.tot_area,
+                    self.tot_area2,
+                )
+                batch = self.batch
+                bi += 1
+                next_boundary = boundaries[bi] if bi < nb else INF
+                continue
+            if bi >= nb and (outstanding == 0 or t > drain_until):
+                break
+            dt = t - tot_last
+            tot_area += n_sys * dt
+            tot_area2 += n_sys * n_sys * dt
+            tot_last = t
+            events += 1
+            if t_arr <= t_heap:
+                # arrival: dispatch (after probes), forward, let the node side speak
+                self.now = t
+                count += 1
+                task = Task(count, work, t, 0, batch)
+                n_sys += 1
+                if batch >= 0:
+                    arrivals[batch] += 1
+                    outstanding += 1
+                decision = dispatch()
+                if type(decision) is Probe:
+                    pn = decision.nodes
+                    if plain_probe:
+                        replies = [nodes[j].x for j in pn]
+                    else:
+                        replies = [sides[j].probe_reply(nodes[j].x) for j in pn]
+                    if batch >= 0 and probe_counts is not None and reply_counts is not None:
+                        probe_counts[batch] += len(pn)
+                        reply_counts[batch] += len(pn)
+                    decision = resolve(decision, replies)
+                assert isinstance(decision, Route)
+                if batch >= 0:
+                    decisions[decision.outcome] += 1
+                if slta is not None and slta.r != self.r:
+                    self._r_changes(t, slta.r)
+                k = decision.node
+                node = nodes[k]
+                waits = node.arrive(task, t)
+                if batch >= 0 and is_fcfs[k]:
+                    fcfs_arrivals[batch] += 1
+                    fcfs_waits[batch] += waits
+                nc = node.next_completion()
+                if nc != scheduled[k]:
+                    v = version[k] = version[k] + 1
+                    scheduled[k] = nc
+                    if nc < INF:
+                        seq += 1
+                        push(heap, (nc, seq, k, v))
+                if not quiet_arrival:
+                    msgs = sides[k].on_arrival(node.x, 0, decision.piggyback)
+                    if msgs:
+                        self._to_dispatcher(msgs)
+                if decision.messages:
+                    self._to_nodes(decision.messages)
+                ai += 1
+                if ai == len(times):
+                    times, works = workload.next_block()
+                    ai = 0
+                t_arr, work = times[ai], works[ai]
+            else:
+                _, _, k, v = pop(heap)
+                if v != version[k]:
+                    events -= 1  # a stale completion is no model event
+                    continue
+                self.now = t
+                node = nodes[k]
+                task = node.complete(t)
+                n_sys -= 1
+                nc = node.next_completion()
+                v = version[k] = version[k] + 1
+                scheduled[k] = nc
+                if nc < INF:
+                    seq += 1
+                    push(heap, (nc, seq, k, v))
+                b = task.batch
+                if b >= 0:
+                    s = t - task.arrived
+                    sojourn[b].append(s)
+                    sojourn_class[node_class[k]][b].append(s)
+                    outstanding -= 1
+                if not quiet_departure:
+                    msgs = sides[k].on_departure(node.x, task.origin)
+                    if msgs:
+                        self._to_dispatcher(msgs)
+                if not ignores_done:
+                    on_done(k)
+            if not events & 0xFFFF:
+                self._tick(t, drain_until, report)
+        self.in_system, self.tot_last, self.tot_area, self.tot_area2 = n_sys, tot_last, tot_area, tot_area2
+        self.outstanding = outstanding
+        self.events = events
 
     def _raw(self, wall: float) -> RawRun:
         exp, B, T = self.exp, self.B, self.batch_len

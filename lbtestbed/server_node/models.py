@@ -164,21 +164,36 @@ class FCFSNode(NodeModel):
         self._finish = INF
 
     def arrive(self, task: Task, now: float) -> bool:
-        self.advance(now)
-        waits = self.x > 0
-        self._grow()
+        x = self.x
+        dt = now - self.last
+        if dt > 0.0:  # advance(now), inlined: this is the simulator's hottest path
+            self.time_at[x] += dt
+            self.task_seconds += x * dt
+            if self.utility is not None:
+                self.utility_seconds += self.utility.value(x) * dt
+            self.last = now
+        self.x = x + 1
+        if x + 1 == len(self.time_at):
+            self.time_at.append(0.0)
         self.arrivals += 1
         self._queue.append(task)
-        if not waits:
+        if x == 0:
             self._finish = now + task.work / self.speed
-        return waits
+        return x > 0
 
     def next_completion(self) -> float:
         return self._finish
 
     def complete(self, now: float) -> Task:
-        self.advance(now)
-        self.x -= 1
+        x = self.x
+        dt = now - self.last
+        if dt > 0.0:  # advance(now), inlined
+            self.time_at[x] += dt
+            self.task_seconds += x * dt
+            if self.utility is not None:
+                self.utility_seconds += self.utility.value(x) * dt
+            self.last = now
+        self.x = x - 1
         self.completions += 1
         task = self._queue.popleft()
         self._finish = now + self._queue[0].work / self.speed if self._queue else INF
