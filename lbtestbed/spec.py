@@ -251,6 +251,8 @@ def _parse_speed(r: _Reader) -> SpeedSpec:
         m = _FRACTION.match(v)
         if not m:
             raise r.fail("speed", f'must be a number, a fraction like "2/3" or a table, got {v!r}')
+        if m.group(2) is not None and Fraction(m.group(2)) == 0:
+            raise r.fail("speed", f"the denominator of {v!r} is zero")
         value = Fraction(m.group(1)) / Fraction(m.group(2) or 1)
     else:
         # str() keeps the decimal the user wrote: 0.2 becomes exactly 1/5, so speed ratios tie exactly
@@ -432,22 +434,24 @@ def _check_stability(exp: Experiment, top: _Reader) -> None:
     """Refuse loads that no policy (or the chosen static policy) can carry on ps/fcfs nodes."""
     speeds, cls = exp.node_speeds, exp.node_class
     queued = [k for k in range(exp.n) if exp.classes[cls[k]].discipline != "pool"]
-    if len(queued) != exp.n:
-        return  # a pool has infinite capacity, so some policy keeps the system stable
+    if not queued:
+        return
     capacity = sum(speeds)
-    if exp.work_rate >= capacity:
+    # with a pool (infinite capacity) somewhere, some policy can always keep the system stable
+    if len(queued) == exp.n and exp.work_rate >= capacity:
         raise top.fail(
             "workload",
             f"unstable: work arrives at {exp.work_rate:.4g}/s but the nodes serve at most "
             f"{capacity:.4g}/s (load must stay below the mean speed {capacity / exp.n:.4g})",
         )
     if exp.policy.name in ("random", "round_robin"):
-        slowest = min(speeds)
+        # static routing gives every node 1/n of the work, whatever the other nodes are
+        slowest = min(speeds[k] for k in queued)
         if exp.work_rate / exp.n >= slowest:
             raise top.fail(
                 "workload",
                 f"unstable under {exp.policy.name}: each node gets "
-                f"{exp.work_rate / exp.n:.4g} work/s but the slowest node serves {slowest:.4g}/s",
+                f"{exp.work_rate / exp.n:.4g} work/s but the slowest fcfs/ps node serves {slowest:.4g}/s",
             )
 
 
@@ -491,6 +495,8 @@ def load_spec(path: str | Path, overrides: Iterable[str] = ()) -> Experiment:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
         raise SpecError(source, "", f"cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise SpecError(source, "", f"not UTF-8 text: {e.reason} at byte {e.start}") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

@@ -8,12 +8,11 @@ a node uniformly at random. Which token: ``random`` uniform, ``longest_idle`` th
 
 from __future__ import annotations
 
-import heapq
 import random
 from collections import deque
 
 from lbtestbed.policies.base import NO_MESSAGES, DispatcherSide, Message, NodeSide, Route
-from lbtestbed.policies.structures import TokenSet
+from lbtestbed.policies.structures import SpeedBuckets, TokenSet
 from lbtestbed.spec import Experiment
 
 
@@ -26,7 +25,7 @@ class JIQDispatcher(DispatcherSide):
         self.speeds = exp.node_speeds
         self.tokens = TokenSet()
         self._fifo: deque[int] = deque()
-        self._heap: list[tuple[float, float, int]] = []
+        self._by_speed = SpeedBuckets(self.speeds, rng, fastest=self.tie_break != "slowest")
         # at start every node is idle; with several dispatchers each node announces itself to one of them
         for k in range(self.n):
             if dispatchers == 1 or k % dispatchers == index:
@@ -39,15 +38,15 @@ class JIQDispatcher(DispatcherSide):
         if self.tie_break == "longest_idle":
             self._fifo.append(k)
         elif self.tie_break != "random":
-            sign = -1.0 if self.tie_break == "slowest" else 1.0
-            heapq.heappush(self._heap, (-sign * self.speeds[k], self.rng.random(), k))
+            self._by_speed.add(k)
 
     def _take(self) -> int:
         if self.tie_break == "random":
             k = self.tokens.pick(self.rng)
         else:
-            k = self._fifo.popleft() if self.tie_break == "longest_idle" else heapq.heappop(self._heap)[2]
+            k = self._fifo.popleft() if self.tie_break == "longest_idle" else self._by_speed.pick()
         self.tokens.discard(k)
+        self._by_speed.discard(k)
         return k
 
     def dispatch(self) -> Route:

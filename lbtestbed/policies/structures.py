@@ -48,15 +48,57 @@ class TokenSet:
         return items[int(rng.random() * len(items))]
 
 
+class SpeedBuckets:
+    """Node ids grouped by exact speed: O(log s) pick of a uniform node among the fastest (or slowest).
+
+    Keeping one uniform set per speed makes ties between equal speeds exactly uniform at every pick; a
+    per-node random tie key drawn once would favour whoever drew low and stayed.
+    """
+
+    __slots__ = ("_groups", "_heap", "_sign", "rng", "speeds")
+
+    def __init__(self, speeds: Sequence[float], rng: random.Random, fastest: bool = True) -> None:
+        self.speeds, self.rng = speeds, rng
+        self._sign = -1.0 if fastest else 1.0
+        self._groups: dict[float, TokenSet] = {}
+        self._heap: list[float] = []  # signed speeds with a non-empty group, lazily cleaned
+
+    def __len__(self) -> int:
+        return sum(len(g) for g in self._groups.values())
+
+    def add(self, k: int) -> None:
+        s = self.speeds[k]
+        group = self._groups.get(s)
+        if group is None:
+            group = self._groups[s] = TokenSet()
+        if not group:
+            heapq.heappush(self._heap, self._sign * s)
+        group.add(k)
+
+    def discard(self, k: int) -> None:
+        group = self._groups.get(self.speeds[k])
+        if group is not None:
+            group.discard(k)
+
+    def pick(self) -> int:
+        """A uniform node among those of the best speed (the buckets must not be empty)."""
+        heap, groups = self._heap, self._groups
+        while True:
+            group = groups[self._sign * heap[0]]
+            if group:
+                return group.pick(self.rng)
+            heapq.heappop(heap)  # that speed has no node left here
+
+
 class LevelIndex:
     """Nodes bucketed by occupancy level, as a dispatcher with full state sees them.
 
     Keeps the minimum level and picks a node of a level uniformly, or by speed (fastest or slowest, with
-    uniform ties), or the one that has been at level 0 the longest. Speed and idle-order picks use lazy
-    heaps and a queue whose stale entries are skipped by checking a per-node stamp.
+    uniform ties), or the one that has been at level 0 the longest. Idle-order picks use a queue whose
+    stale entries are skipped by checking a per-node stamp.
     """
 
-    __slots__ = ("_by_speed", "_fifo0", "_heaps", "_stamp", "buckets", "level", "min_level", "rng", "speeds")
+    __slots__ = ("_by_speed", "_fifo0", "_speed", "_stamp", "buckets", "level", "min_level", "rng", "speeds")
 
     def __init__(
         self,
@@ -73,7 +115,7 @@ class LevelIndex:
         self.level: dict[int, int] = {}
         self.buckets: list[TokenSet] = [TokenSet()]
         self._stamp: dict[int, int] = {}
-        self._heaps: list[list[tuple[float, float, int, int]]] = [[]]
+        self._speed: list[SpeedBuckets] = []
         self._fifo0: deque[tuple[int, int]] | None = deque() if idle_order else None
         self.min_level = 0
         for k in nodes:
@@ -84,25 +126,27 @@ class LevelIndex:
     def _enter(self, k: int, lvl: int) -> None:
         while lvl >= len(self.buckets):
             self.buckets.append(TokenSet())
-            self._heaps.append([])
         self.buckets[lvl].add(k)
         stamp = self._stamp[k] = self._stamp[k] + 1
         if self._by_speed:
             assert self.speeds is not None
-            heap = self._heaps[lvl]
-            heapq.heappush(heap, (-self._by_speed * self.speeds[k], self.rng.random(), k, stamp))
-            if len(heap) > 4 * len(self.buckets[lvl]) + 64:  # drop stale entries now and then
-                self._heaps[lvl] = [e for e in heap if self._stamp[e[2]] == e[3]]
-                heapq.heapify(self._heaps[lvl])
+            while lvl >= len(self._speed):
+                self._speed.append(SpeedBuckets(self.speeds, self.rng, fastest=self._by_speed > 0))
+            self._speed[lvl].add(k)
         if lvl == 0 and self._fifo0 is not None:
             fifo = self._fifo0
             fifo.append((k, stamp))
             if len(fifo) > 4 * len(self.buckets[0]) + 64:  # drop stale entries, keeping the idle order
                 self._fifo0 = deque(e for e in fifo if self._stamp[e[0]] == e[1] and self.level[e[0]] == 0)
 
+    def _leave(self, k: int, lvl: int) -> None:
+        self.buckets[lvl].discard(k)
+        if self._by_speed:
+            self._speed[lvl].discard(k)
+
     def increment(self, k: int) -> None:
         lvl = self.level[k]
-        self.buckets[lvl].discard(k)
+        self._leave(k, lvl)
         self.level[k] = lvl + 1
         self._enter(k, lvl + 1)
         if lvl == self.min_level and not self.buckets[lvl]:
@@ -112,7 +156,7 @@ class LevelIndex:
         lvl = self.level[k]
         if lvl == 0:
             raise ValueError(f"node {k} reported a departure while it holds no task")
-        self.buckets[lvl].discard(k)
+        self._leave(k, lvl)
         self.level[k] = lvl - 1
         self._enter(k, lvl - 1)
         if lvl - 1 < self.min_level:
@@ -123,13 +167,7 @@ class LevelIndex:
 
     def pick_by_speed(self, lvl: int) -> int:
         """The fastest (or slowest, as configured) node at ``lvl``; equal speeds tie uniformly."""
-        heap = self._heaps[lvl]
-        stamp, level = self._stamp, self.level
-        while True:
-            _, _, k, s = heap[0]
-            if stamp[k] == s and level[k] == lvl:
-                return k
-            heapq.heappop(heap)
+        return self._speed[lvl].pick()
 
     def pick_longest_idle(self) -> int:
         """The node that has been at level 0 the longest."""
