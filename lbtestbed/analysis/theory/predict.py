@@ -35,7 +35,9 @@ class Prediction:
         self.bounds: dict[str, Any] = {}
 
     def set(self, metric: str, value: float, formula: str, source: str, assumes: Sequence[str] = ()) -> None:
+        """Predict a metric; a later, more specific formula replaces an earlier one."""
         self.metrics[metric]["value"] = float(value)
+        self.notes = [n for n in self.notes if n["metric"] != metric]
         self.notes.append({"metric": metric, "formula": formula, "source": source, "assumes": list(assumes)})
 
     def tail(
@@ -55,6 +57,27 @@ class Prediction:
         if not any(n["metric"] == metric for n in self.notes):
             self.notes.append({"metric": metric, "null": reason})
 
+    def _why_null(self, metric: str) -> str:
+        exp = self.exp
+        discs = {c.discipline for c in exp.classes}
+        if metric == "utility":
+            if discs != {"pool"}:
+                return "utility is defined for pools"
+            return (
+                "some class has no utility"
+                if any(c.utility is None for c in exp.classes)
+                else (f"no formula for the utility of {exp.policy.name} in the notes; the bounds still hold")
+            )
+        if metric == "slta_r":
+            return "only slta learns r"
+        if metric == "wait_probability" and "fcfs" not in discs:
+            return "only fcfs nodes make tasks wait (ps shares, pools serve all at once)"
+        if metric in ("idle_capacity", "idle_nodes") and "pool" in discs:
+            return "pools have no capacity to leave idle"
+        if metric in ("sojourn_p50", "sojourn_p99") and "ps" in discs:
+            return "no closed form for the sojourn-time distribution on ps nodes"
+        return f"no formula in the notes covers {metric} for {exp.policy.name} on this spec"
+
     def result(self) -> Result:
         exp = self.exp
         for metric in METRICS:
@@ -65,7 +88,7 @@ class Prediction:
                 else value["value"] is None
             )
             if empty:
-                self.null(metric, f"no formula in the notes covers {exp.policy.name} on this spec")
+                self.null(metric, self._why_null(metric))
         for name, tail in self.metrics["occupancy_tail"].items():
             if tail is None:
                 self.metrics["occupancy_tail"][name] = []
@@ -317,6 +340,14 @@ def _static(
         return
     nodes = [by_speed[s] for s in speeds]
     n = exp.n
+    a = exp.workload.arrival_rate / n
+    p.set(
+        "idle_nodes",
+        sum(1 - a * work.mean / s for s in speeds),
+        "sum_k (1 - rho_k): each node is busy rho_k",
+        "textbook queueing",
+        ["static routing: every node gets 1/n of the tasks"],
+    )
     exact = all(q is not None and q.exact for q in nodes)
     tag = list(assumes) + ([] if exact else ["approximation"])
     p.set("mean_sojourn", sum(q.mean_sojourn for q in nodes if q) / n, formula, source, tag)
@@ -524,6 +555,16 @@ def _schemes(exp: Experiment, p: Prediction) -> None:
     }
     for i, c in enumerate(exp.classes):
         p.tail(c.name, fp.tails[i], f"fixed point of {eq}", src, assumes)
+    p.set(
+        "idle_nodes",
+        sum(
+            c.count * (1 - (fp.tails[i][1] if len(fp.tails[i]) > 1 else 0.0))
+            for i, c in enumerate(exp.classes)
+        ),
+        "sum_j n gamma_j (1 - P_1^(j))",
+        src,
+        assumes,
+    )
     p.bounds["stability"]["condition"] = "lambda < mu sum_j gamma_j C_j (Theorem 3.1)"
     p.bounds["job_share"] = {c.name: fp.share[i] for i, c in enumerate(exp.classes)}
     p.bounds["fixed_point_residual"] = fp.residual
