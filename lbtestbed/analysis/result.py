@@ -34,7 +34,7 @@ METRICS = (
     "slta_r",
 )
 
-#: occupancy tails are cut where the fraction falls below this in every batch
+#: occupancy tails stop at the first j whose (pooled) fraction falls below this
 TAIL_CUTOFF = 1e-6
 
 
@@ -136,6 +136,8 @@ def summarize(exp: Experiment, raws: Sequence[RawRun], source: str = "simulation
             e = _estimate(raws, f"tail:{i}:{j}")
             if (e.value or 0.0) < TAIL_CUTOFF:
                 break
+            if e.value is not None and e.value > 1.0:  # a ratio of sums can round just above 1
+                e = Estimate(1.0, e.ci95)
             entries.append(e.to_json())
             j += 1
         tails[c.name] = entries

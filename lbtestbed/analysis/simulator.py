@@ -189,7 +189,8 @@ class Simulator:
         self.r_area += self.r * dt
         if self.batch >= 0:
             self.r_time[self.r] += dt
-            self.r_series.append((t, r))
+            if r != self.r:
+                self.r_series.append((t, r))
         self.r_last = t
         self.r = r
 
@@ -335,6 +336,8 @@ class Simulator:
         )
         # snapshot b opens batch b; snapshot B closes the window
         self.batch = len(self.snapshots) - 1 if len(self.snapshots) <= self.B else -1
+        if self.slta is not None and len(self.snapshots) in (1, self.B + 1):
+            self.r_series.append((t, self.r))  # the series starts and ends with the window
 
     def run(self) -> RawRun:
         wall = time.perf_counter()
