@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
-from scipy import integrate, optimize
 
 
 @dataclass(frozen=True)
@@ -83,6 +82,8 @@ def fixed_point(
     scheme: int,
 ) -> SchemeFixedPoint:
     """The stationary mean field for arrival rate ``lam`` per server and work rate ``mu`` (1 / mean work)."""
+    from scipy import integrate, optimize  # imported here: only the schemes need them
+
     order = sorted(range(len(capacities)), key=lambda j: capacities[j])
     caps = [capacities[j] for j in order]
     gam = np.array([gammas[j] for j in order])

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
-from scipy import stats
 
+from lbtestbed.analysis.theory.numeric import poisson_pmf
 from lbtestbed.policies.jlmu import ranking_of
 from lbtestbed.policies.ranking import Ranking
 from lbtestbed.spec import Experiment
@@ -104,7 +104,7 @@ def poisson_jensen_bound(exp: Experiment) -> float:
     lo = max(0, int(mean - 12 * math.sqrt(mean) - 10))
     hi = int(mean + 12 * math.sqrt(mean) + 10)
     counts = np.arange(lo, hi + 1)
-    weights = stats.poisson.pmf(counts, mean)
+    weights = np.array([poisson_pmf(int(c), mean) for c in counts])
     curve = BoundCurve(ranking_of(exp), alphas(exp))
     return float(np.dot(weights, curve(counts / n)) / weights.sum())
 
@@ -117,7 +117,7 @@ def random_utility(exp: Experiment) -> float:
         assert c.utility is not None
         hi = int(rho + 12 * math.sqrt(rho) + 20)
         xs = np.arange(hi + 1)
-        pmf = stats.poisson.pmf(xs, rho)
+        pmf = [poisson_pmf(int(x), rho) for x in xs]
         total += (
             c.count / exp.n * float(sum(p * c.utility.value(int(x)) for x, p in zip(xs, pmf, strict=True)))
         )

@@ -11,11 +11,10 @@ from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import Any
 
-from scipy import optimize
-
 from lbtestbed.analysis.result import METRICS, Result
 from lbtestbed.analysis.theory import hetero_ps, queues, supermarket
 from lbtestbed.analysis.theory.fluid import warmup_needed
+from lbtestbed.analysis.theory.numeric import bisect
 from lbtestbed.analysis.theory.pools import poisson_jensen_bound, pool_load, pool_optimum, random_utility
 from lbtestbed.spec import Experiment
 
@@ -126,7 +125,7 @@ def _mixture_quantile(cdfs: Sequence[Callable[[float], float]], q: float, scale:
     hi = scale
     while excess(hi) < 0:
         hi *= 2
-    return float(optimize.brentq(excess, 0.0, hi))
+    return bisect(excess, 0.0, hi)
 
 
 def predict(exp: Experiment) -> Result:

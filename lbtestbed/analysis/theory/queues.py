@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 
-from scipy import optimize, stats
-
+from lbtestbed.analysis.theory.numeric import bisect, poisson_sf
 from lbtestbed.distributions import SizeDistribution
 
 
@@ -35,7 +35,7 @@ def service_quantile(work: SizeDistribution, speed: float, q: float) -> float:
         return -math.log1p(-q) * m
     if work.dist == "lognormal":
         s2 = math.log1p(work.scv)
-        return math.exp(math.log(m) - s2 / 2 + math.sqrt(s2) * float(stats.norm.ppf(q)))
+        return math.exp(math.log(m) - s2 / 2 + math.sqrt(s2) * NormalDist().inv_cdf(q))
     # balanced-means hyperexponential: invert its distribution function numerically
     c2 = work.scv
     p1 = 0.5 * (1 + math.sqrt((c2 - 1) / (c2 + 1)))
@@ -44,7 +44,7 @@ def service_quantile(work: SizeDistribution, speed: float, q: float) -> float:
     def excess(t: float) -> float:
         return 1 - p1 * math.exp(-r1 * t) - (1 - p1) * math.exp(-r2 * t) - q
 
-    return float(optimize.brentq(excess, 0.0, 100 * m * (1 + c2)))
+    return bisect(excess, 0.0, 100 * m * (1 + c2))
 
 
 def geometric_tail(first: float, ratio: float, cutoff: float = 1e-12) -> list[float]:
@@ -60,7 +60,7 @@ def poisson_tail(mean: float, cutoff: float = 1e-12) -> list[float]:
     """P(N >= j) for N ~ Poisson(mean)."""
     tail, j = [1.0], 1
     while True:
-        p = float(stats.poisson.sf(j - 1, mean))
+        p = poisson_sf(j - 1, mean)
         if p < cutoff:
             return tail
         tail.append(p)
@@ -102,7 +102,7 @@ def erlang_arrivals_m1(total_rate: float, n: int, work: SizeDistribution, speed:
     def fixed(sig: float) -> float:
         return (lam / (lam + mu * (1 - sig))) ** n - sig
 
-    sigma = float(optimize.brentq(fixed, 0.0, 1.0 - 1e-9))
+    sigma = bisect(fixed, 0.0, 1.0 - 1e-9)
     rho = lam / n / mu
     w = 1 / (mu * (1 - sigma))
     return NodeQueue(w, lam / n * w, sigma, geometric_tail(rho, sigma))

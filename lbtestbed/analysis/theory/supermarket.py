@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from scipy import optimize, stats
+from lbtestbed.analysis.theory.numeric import bisect, erlang_cdf
 
 
 def tails(rho: float, d: int, cutoff: float = 1e-15) -> list[float]:
@@ -44,9 +44,9 @@ def fcfs_sojourn_quantile(rho: float, d: int, mu: float, q: float) -> float:
     weights = [p[k] ** d - p[k + 1] ** d for k in range(len(p) - 1)]
 
     def cdf(t: float) -> float:
-        return sum(w * float(stats.gamma.cdf(t * mu, k + 1)) for k, w in enumerate(weights) if w > 1e-16) - q
+        return sum(w * erlang_cdf(t * mu, k + 1) for k, w in enumerate(weights) if w > 1e-16) - q
 
     hi = 1.0 / mu
     while cdf(hi) < 0:
         hi *= 2
-    return float(optimize.brentq(cdf, 0.0, hi))
+    return bisect(cdf, 0.0, hi)

@@ -1,0 +1,57 @@
+"""Small numerical tools the closed forms need, in plain Python: predictions stay instant to start
+(importing scipy.stats and scipy.optimize alone takes about a second)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+
+def bisect(f: Callable[[float], float], lo: float, hi: float, tol: float = 1e-13) -> float:
+    """A root of f in [lo, hi], where f(lo) and f(hi) have opposite signs (or one is zero)."""
+    f_lo = f(lo)
+    if f_lo == 0:
+        return lo
+    if f(hi) == 0:
+        return hi
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        f_mid = f(mid)
+        if f_mid == 0 or hi - lo <= tol * max(1.0, abs(mid)):
+            return mid
+        if (f_mid < 0) == (f_lo < 0):
+            lo, f_lo = mid, f_mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def poisson_pmf(k: int, mean: float) -> float:
+    """P(N = k) for N ~ Poisson(mean), in log space so that large means do not underflow."""
+    if mean == 0:
+        return 1.0 if k == 0 else 0.0
+    return math.exp(k * math.log(mean) - mean - math.lgamma(k + 1))
+
+
+def poisson_sf(k: int, mean: float) -> float:
+    """P(N > k): the tail is summed directly where it is small, as 1 - cdf otherwise."""
+    if k + 1 > mean:
+        total, j = 0.0, k + 1
+        term = poisson_pmf(j, mean)
+        while term > 1e-300 and (total == 0 or term > total * 1e-17):
+            total += term
+            j += 1
+            term *= mean / j
+        return total
+    return max(0.0, 1.0 - sum(poisson_pmf(j, mean) for j in range(k + 1)))
+
+
+def erlang_cdf(x: float, shape: int) -> float:
+    """P(Gamma(shape, 1) <= x) for an integer shape: 1 - e^(-x) sum_{i < shape} x^i / i!."""
+    if x <= 0:
+        return 0.0
+    term, total = 1.0, 1.0
+    for i in range(1, shape):
+        term *= x / i
+        total += term
+    return max(0.0, 1.0 - math.exp(-x) * total)
