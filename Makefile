@@ -19,8 +19,11 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/pytest -q
 
+# Until the cluster exists the demo sets the simulator beside the theory for the same spec.
 demo: $(STAMP)
 	$(BIN)/lbt simulate examples/slta_two_classes.toml
+	@echo
+	$(BIN)/lbt predict examples/slta_two_classes.toml
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_simulator.py
