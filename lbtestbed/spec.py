@@ -404,6 +404,10 @@ def parse_spec(data: Mapping[str, Any], source: str = "<spec>") -> Experiment:
             if c.utility is None:
                 raise top.fail(f"classes[{i}].utility", f"{policy.name} needs a utility for every pool class")
 
+    for i, c in enumerate(classes):
+        if c.utility is not None and c.discipline != "pool":
+            raise top.fail(f"classes[{i}].utility", f"utilities belong to pool classes, not {c.discipline!r}")
+
     rr = top.sub("run")
     rr.check_keys(("warmup", "duration", "time_scale", "batches"))
     duration = rr.number("duration")

@@ -771,3 +771,9 @@ def test_cli_runs_nothing_on_a_bad_spec(
     code, _, err = _cli_in_process(["simulate", str(path), "--quiet"], capsys)
     assert code == 2
     _assert_one_error_line(err, "classes[0].speed")
+
+
+def test_utility_on_a_queue_class_is_refused() -> None:
+    # utilities are the pool model's (jlmu_slta.md §1); on a ps class nothing would use them
+    data = with_(PS_BASE, "classes.0.utility", {"kind": "xlog", "r": 20})
+    expect_error(data, "classes[0].utility", "pool classes")

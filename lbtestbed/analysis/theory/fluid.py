@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lbtestbed.analysis.theory.pools import BoundCurve, alphas, pool_load
+from lbtestbed.analysis.theory.pools import BoundCurve, alphas, pool_load, service_rate
 from lbtestbed.policies.jlmu import ranking_of
 from lbtestbed.policies.ranking import Ranking
 from lbtestbed.spec import Experiment
@@ -29,8 +29,8 @@ class TransientPoint:
 
 
 def from_empty(exp: Experiment, times: Sequence[float]) -> list[TransientPoint]:
-    """The fluid trajectory of JLMU from an empty system (exponential work of rate mu = 1 / mean)."""
-    mu = 1.0 / exp.workload.service.mean
+    """The fluid trajectory of JLMU from an empty system (exponential work; mu = speed / mean work)."""
+    mu = service_rate(exp)
     rho = float(pool_load(exp))
     curve = BoundCurve(ranking_of(exp), alphas(exp))
     out = []
@@ -42,8 +42,8 @@ def from_empty(exp: Experiment, times: Sequence[float]) -> list[TransientPoint]:
 
 def warmup_needed(exp: Experiment) -> float:
     """Model time until the fluid's distance to q* falls below a tenth of the stationary standard deviation
-    of the mass, sqrt(rho / n): t = ln(10 sqrt(n rho)) / mu."""
-    mu = 1.0 / exp.workload.service.mean
+    of the mass, sqrt(rho / n): t = ln(10 sqrt(n rho)) / mu, mu = speed / mean work."""
+    mu = service_rate(exp)
     rho = float(pool_load(exp))
     return math.log(10.0 * math.sqrt(exp.n * rho)) / mu
 

@@ -84,9 +84,26 @@ def alphas(exp: Experiment) -> tuple[Fraction, ...]:
     return tuple(Fraction(c.count, exp.n) for c in exp.classes)
 
 
+def pool_speed(exp: Experiment) -> Fraction | None:
+    """The speed every pool serves at, exactly, or None when pools differ (or speeds are drawn)."""
+    speeds = {c.speed.value for c in exp.classes}
+    speed = speeds.pop() if len(speeds) == 1 else None
+    return speed if speed else None
+
+
 def pool_load(exp: Experiment) -> Fraction:
-    """rho, tasks per pool, exactly: the spec's load when pools serve at speed 1."""
-    return Fraction(str(exp.workload.load))
+    """rho, tasks per pool, exactly: the spec's load (work per pool) over the pools' common speed."""
+    speed = pool_speed(exp)
+    if speed is None:
+        raise ValueError("pools of different speeds have no common load in tasks per pool")
+    return Fraction(str(exp.workload.load)) / speed
+
+
+def service_rate(exp: Experiment) -> float:
+    """mu, tasks per model second one pool completes per task: speed / mean work."""
+    speed = pool_speed(exp)
+    assert speed is not None
+    return float(speed) / exp.workload.service.mean
 
 
 def pool_optimum(exp: Experiment) -> PoolOptimum:

@@ -15,8 +15,28 @@ from lbtestbed.analysis.result import METRICS, Result
 from lbtestbed.analysis.theory import hetero_ps, queues, supermarket
 from lbtestbed.analysis.theory.fluid import warmup_needed
 from lbtestbed.analysis.theory.numeric import bisect
-from lbtestbed.analysis.theory.pools import poisson_jensen_bound, pool_load, pool_optimum, random_utility
+from lbtestbed.analysis.theory.pools import (
+    poisson_jensen_bound,
+    pool_load,
+    pool_optimum,
+    pool_speed,
+    random_utility,
+)
 from lbtestbed.spec import Experiment
+
+#: metrics a queueing formula predicts together, and which fall together when it does not apply
+#: beyond this beta the load is too light for the Halfin-Whitt idle-count formula to mean anything
+HW_BETA_MAX = 3.0
+
+QUEUE_METRICS = (
+    "mean_sojourn",
+    "sojourn_p50",
+    "sojourn_p99",
+    "mean_tasks_per_node",
+    "tasks_in_system",
+    "wait_probability",
+    "occupancy_tail",
+)
 
 JSQ_NOTES = "jsq_power_of_d.md"
 POOL_NOTES = "jlmu_slta.md"
@@ -51,6 +71,10 @@ class Prediction:
                 "assumes": list(assumes),
             }
         )
+
+    def null_many(self, metrics: Sequence[str], reason: str) -> None:
+        for metric in metrics:
+            self.null(metric, reason)
 
     def null(self, metric: str, reason: str) -> None:
         if not any(n["metric"] == metric for n in self.notes):
@@ -143,7 +167,9 @@ def predict(exp: Experiment) -> Result:
     elif "pool" not in discs:
         _queued_common(exp, p)
         policy = exp.policy.name
-        if policy == "random":
+        if len(discs) > 1:
+            p.null_many(QUEUE_METRICS, "mixed fcfs and ps nodes: every formula here assumes one discipline")
+        elif policy == "random":
             _static(exp, p, per_node=lambda s: _node_formula(exp, exp.workload.arrival_rate / exp.n, s))
         elif policy == "round_robin":
             _round_robin(exp, p)
@@ -154,7 +180,7 @@ def predict(exp: Experiment) -> Result:
         elif policy in ("scheme1", "scheme2"):
             _schemes(exp, p)
     else:
-        p.null("mean_sojourn", "mixed pools and queues: no formula in the notes")
+        p.null_many(QUEUE_METRICS, "mixed pools and queues: no formula in the notes")
     if work.dist != "exponential":
         p.notes.append(
             {
@@ -204,8 +230,21 @@ def _messages(exp: Experiment) -> tuple[float | None, str, str, list[str]]:
 def _pools(exp: Experiment, p: Prediction) -> None:
     work = exp.workload.service
     speed = _equal_speeds(exp)
-    if speed is None:
-        p.null("mean_sojourn", "pools of different speeds: the total is not Poisson independently of routing")
+    if speed is None or pool_speed(exp) is None:
+        why = (
+            "pools of different speeds: the total is not Poisson independently of routing, and the bounds "
+            "and the JLMU/SLTA limits assume one service rate (jlmu_slta.md §1)"
+        )
+        for metric in (
+            "mean_sojourn",
+            "sojourn_p50",
+            "sojourn_p99",
+            "mean_tasks_per_node",
+            "tasks_in_system",
+            "utility",
+            "slta_r",
+        ):
+            p.null(metric, why)
         return
     es = work.mean / speed
     rho = exp.workload.arrival_rate * es / exp.n
@@ -242,15 +281,6 @@ def _pools(exp: Experiment, p: Prediction) -> None:
             "valid_for": "every policy and every n (Theorem 1; Poisson-Jensen: jlmu_slta.md §3)",
         }
     )
-    if speed != 1.0:
-        p.notes.append(
-            {
-                "metric": "utility",
-                "formula": "bounds use rho = the spec's load",
-                "source": POOL_NOTES,
-                "assumes": ["pools of speed 1"],
-            }
-        )
     policy = exp.policy.name
     if policy == "random":
         p.set(
@@ -329,6 +359,7 @@ def _static(
     formula: str = "M/G/1 per node (Pollaczek-Khinchine for fcfs, M/G/1-PS for ps)",
     source: str = "textbook queueing; jsq_power_of_d.md §3",
     assumes: Sequence[str] = (),
+    wait_formula: str = "P(node busy) by PASTA",
 ) -> None:
     """Average per-node formulas over the nodes (each node gets 1/n of the tasks)."""
     work = exp.workload.service
@@ -357,7 +388,7 @@ def _static(
         p.set(
             "wait_probability",
             sum(w for w in waits if w is not None) / n,
-            "P(node busy) by PASTA",
+            wait_formula,
             source,
             tag,
         )
@@ -403,6 +434,7 @@ def _round_robin(exp: Experiment, p: Prediction) -> None:
             formula="GI/M/1 per node with Erlang(n) gaps: sigma = (lambda/(lambda + mu(1 - sigma)))^n",
             source="textbook queueing (GI/M/1)",
             assumes=["exponential work"],
+            wait_formula="sigma: the probability that an arrival finds its node busy (GI/M/1)",
         )
     elif disc == "fcfs":
         _static(
@@ -411,9 +443,10 @@ def _round_robin(exp: Experiment, p: Prediction) -> None:
             lambda s: queues.kingman_fcfs(lam / n, 1.0 / n, work, s),
             formula="Kingman: Wq ~ E[S] rho/(1-rho) (1/n + scv)/2 (Erlang(n) gaps have scv 1/n)",
             source="textbook queueing (Kingman)",
+            wait_formula="not predicted",
         )
     else:
-        p.null("mean_sojourn", "round robin on ps nodes with non-exponential work: no formula")
+        p.null_many(QUEUE_METRICS, "round robin on ps nodes with non-exponential work: no formula")
 
 
 def _supermarket(exp: Experiment, p: Prediction) -> None:
@@ -421,11 +454,15 @@ def _supermarket(exp: Experiment, p: Prediction) -> None:
     work = exp.workload.service
     disc = exp.classes[0].discipline if len(_disciplines(exp)) == 1 else None
     if speed is None:
-        p.null("mean_sojourn", "power-of-d with unequal speeds: no fixed point in the notes")
+        p.null_many(
+            QUEUE_METRICS,
+            "power-of-d with unequal speeds: not implemented (the notes' pool SQ(d) "
+            "baseline, hetero_ps.md §3.5, is not a prediction lbt makes)",
+        )
         return
     if disc == "fcfs" and work.dist != "exponential":
-        p.null(
-            "mean_sojourn",
+        p.null_many(
+            QUEUE_METRICS,
             "JSQ(d) on fcfs nodes is insensitive only for exponential work (jsq_power_of_d.md §2.4)",
         )
         return
@@ -486,8 +523,12 @@ def _join_idle(exp: Experiment, p: Prediction) -> None:
             limit,
         )
         return
+    unequal = (
+        "unequal speeds: the notes give finite-n simulation tables (jsq_power_of_d.md §1.7 P6), no "
+        "formula for this metric"
+    )
+    p.null_many(QUEUE_METRICS, unequal)
     if name != "jsq":
-        p.null("mean_sojourn", "JIQ with unequal speeds: no formula in the notes")
         return
     # heterogeneous JSQ, Halfin-Whitt regime: E[#idle] ~ sqrt(n) beta / c, beta = (sum mu - lambda) / sqrt(n)
     mus = [s / work.mean for s in exp.node_speeds]
@@ -498,6 +539,14 @@ def _join_idle(exp: Experiment, p: Prediction) -> None:
     fairness = {"fastest": lo, "fastest_idle": lo, "slowest": hi}.get(
         exp.policy.tie_break, sum(m * m for m in mus) / n / mean_mu
     )
+    p.bounds["halfin_whitt"] = {"beta": beta, "fairness_coefficient": fairness}
+    if not 0 < beta <= HW_BETA_MAX:
+        p.null(
+            "idle_nodes",
+            f"beta = (sum mu - lambda) / sqrt(n) = {beta:.3g} is outside the Halfin-Whitt "
+            f"regime (0, {HW_BETA_MAX}] where E[#idle] ~ sqrt(n) beta / c applies",
+        )
+        return
     p.set(
         "idle_nodes",
         math.sqrt(n) * beta / fairness,
@@ -505,7 +554,6 @@ def _join_idle(exp: Experiment, p: Prediction) -> None:
         f"{JSQ_NOTES} §1.7 (P2)",
         ["Halfin-Whitt diffusion limit", "exponential work", "approximation"],
     )
-    p.bounds["halfin_whitt"] = {"beta": beta, "fairness_coefficient": fairness}
 
 
 def _rate_support(exp: Experiment) -> tuple[float, float]:
