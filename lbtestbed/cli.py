@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any
@@ -85,6 +86,61 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_cluster(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from lbtestbed.cluster import Cluster, ClusterError
+
+    cluster = Cluster(Path(args.file))
+    try:
+        if args.action == "up":
+            if args.spec is None:
+                print("lbt: error: lbt cluster up needs a SPEC", file=sys.stderr)
+                return EXIT_BAD_INPUT
+            f = cluster.up(args.spec, args.set, args.dispatchers, args.node_procs, args.max_tasks)
+            rows = cluster.status()
+            if args.json:
+                json.dump({"file": str(cluster.path), "processes": rows}, sys.stdout, indent=1)
+                sys.stdout.write("\n")
+            else:
+                nodes = sum(len(h.nodes) for h in f.node_hosts)
+                print(
+                    f"cluster up: {len(f.dispatchers)} dispatcher(s), {nodes} nodes in {len(f.node_hosts)} "
+                    f"process(es); cluster file {cluster.path}"
+                )
+                for r in rows:
+                    what = f"{r['nodes']} nodes" if r["role"] == "nodes" else "send tasks: POST /v1/tasks"
+                    print(f"  {r['role']:<10} {r['index']:>3}  {r['url']:<24} pid {r['pid']:<7} {what}")
+            if args.foreground:
+                print("serving; Ctrl-C stops the cluster", file=sys.stderr)
+                try:
+                    while all(r["alive"] for r in cluster.status()):
+                        time.sleep(1.0)
+                    print("lbt: a cluster process exited; stopping the rest", file=sys.stderr)
+                    return EXIT_FAILED
+                finally:
+                    cluster.down()
+            return EXIT_OK
+        if args.action == "status":
+            rows = cluster.status()
+            if args.json:
+                json.dump({"file": str(cluster.path), "processes": rows}, sys.stdout, indent=1)
+                sys.stdout.write("\n")
+            else:
+                for r in rows:
+                    state = (
+                        "healthy" if r["healthy"] else ("running, not answering" if r["alive"] else "DEAD")
+                    )
+                    print(f"  {r['role']:<10} {r['index']:>3}  {r['url']:<24} pid {r['pid']:<7} {state}")
+            return EXIT_OK if all(r["healthy"] for r in rows) else EXIT_FAILED
+        stopped = cluster.down()
+        print(f"cluster down: stopped {stopped} process(es)")
+        return EXIT_OK
+    except ClusterError as e:
+        print(f"lbt: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lbt",
@@ -140,6 +196,37 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pre.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec value")
     pre.set_defaults(func=cmd_predict)
+
+    clu = sub.add_parser(
+        "cluster",
+        help="start, inspect or stop a local cluster of dispatcher and node processes",
+        description="lbt cluster up SPEC starts dispatcher(s) and server-node processes on loopback, waits "
+        "until all are healthy and writes the cluster file; status and down use that file.",
+    )
+    clu.add_argument("action", choices=("up", "status", "down"))
+    clu.add_argument("spec", nargs="?", help="experiment spec (TOML), for up")
+    clu.add_argument("--file", default=".lbt/cluster.json", help="cluster file (default .lbt/cluster.json)")
+    clu.add_argument(
+        "--dispatchers", type=int, default=1, metavar="K", help="dispatchers side by side (default 1)"
+    )
+    clu.add_argument(
+        "--node-procs",
+        type=int,
+        default=None,
+        metavar="P",
+        help="server-node processes; the nodes are split among them (default: 2 per core)",
+    )
+    clu.add_argument(
+        "--max-tasks",
+        type=int,
+        default=100_000,
+        metavar="N",
+        help="tasks a node holds before it refuses with 503 (default 100000)",
+    )
+    clu.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec value")
+    clu.add_argument("--json", action="store_true", help="print the processes as JSON")
+    clu.add_argument("--foreground", action="store_true", help="stay until Ctrl-C, then stop the cluster")
+    clu.set_defaults(func=cmd_cluster)
     return parser
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 from lbtestbed.policies.base import DispatcherSide, Message, NodeSide, Probe, Route
 from lbtestbed.policies.hetero_ps import Scheme1Dispatcher, Scheme2Dispatcher
@@ -65,7 +66,7 @@ def make_dispatcher(
 
 
 def make_node_sides(
-    exp: Experiment, rng: random.Random, nodes: range | None = None, dispatchers: int = 1
+    exp: Experiment, rng: random.Random, nodes: Sequence[int] | None = None, dispatchers: int = 1
 ) -> list[NodeSide]:
     """The node sides of the spec's policy for ``nodes`` (all by default); they share derived tables."""
     cls = NODE_SIDES.get(exp.policy.name, NodeSide)

@@ -1,0 +1,290 @@
+"""A dispatcher process: accepts tasks, runs the dispatcher side of the policy, forwards over HTTP.
+
+Completion is synchronous: the client's ``POST /v1/tasks`` stays open until the node has served the task, and
+the reply carries the node and the times. This costs an open connection per task in flight but no completion
+message, lets the client measure sojourn directly, and lets least_request count tasks in flight exactly as a
+proxy does. State messages from nodes arrive on ``POST /v1/messages``; probes and threshold updates go out to
+the nodes' endpoints. Every task ends completed, refused (the node answered 503) or lost (the node failed or
+vanished); the three counters add up to the tasks accepted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import aiohttp
+import numpy as np
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from lbtestbed import wire
+from lbtestbed.distributions import BlockSampler
+from lbtestbed.policies import Message, Probe, Route, make_dispatcher
+from lbtestbed.spec import Experiment, seed_sequence
+
+log = logging.getLogger("lbtestbed.dispatcher")
+
+OUTCOMES = ("completed", "refused", "lost")
+
+
+def sojourn_buckets(exp: Experiment) -> list[float]:
+    """Histogram buckets in model seconds, spread around the mean service time."""
+    m = exp.workload.service.mean / min(exp.node_speeds)
+    return [round(m * f, 6) for f in (0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 7.5, 10, 20, 50)]
+
+
+class DispatcherHost:
+    def __init__(
+        self, exp: Experiment, index: int, dispatchers: int, node_urls: Sequence[str], token: str
+    ) -> None:
+        if len(node_urls) != exp.n:
+            raise ValueError(f"the spec has {exp.n} nodes but {len(node_urls)} node endpoints were given")
+        self.exp = exp
+        self.index = index
+        self.node_urls = list(node_urls)  # base URL of node k: .../v1/nodes/k
+        self.token = token
+        self.scale = exp.run.time_scale
+        rng = random.Random(int(seed_sequence(exp.seed, "policy", 1000 + index).generate_state(1)[0]))
+        self.policy = make_dispatcher(exp, rng, index, dispatchers)
+        self.delay = None
+        if exp.network.delay is not None:
+            self.delay = BlockSampler(
+                exp.network.delay, np.random.default_rng(seed_sequence(exp.seed, "network", 2000 + index))
+            )
+        self.delay_tasks = exp.network.forward_tasks and self.delay is not None
+        self.sent: Counter[str] = Counter()
+        self.received: Counter[str] = Counter()
+        self.failures: Counter[str] = Counter()
+        self.decisions: Counter[str] = Counter()
+        self.outcomes: Counter[str] = Counter()
+        self.lost_by_node: Counter[int] = Counter()
+        self.in_flight = 0
+        self.session: aiohttp.ClientSession | None = None
+        self.background: set[asyncio.Task[None]] = set()
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.sojourn = Histogram(
+            "lbtestbed_dispatcher_sojourn_model_seconds",
+            "Time from accepting a task to its completion, model seconds",
+            buckets=sojourn_buckets(exp),
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "lbtestbed_dispatcher_dispatch_latency_seconds",
+            "Wall time from accepting a task to forwarding it (probes included)",
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25),
+            registry=self.registry,
+        )
+        self.registry.register(_DispatcherCollector(self))
+
+    async def start(self) -> None:
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
+        )
+
+    async def stop(self) -> None:
+        for t in list(self.background):
+            t.cancel()
+        if self.session is not None:
+            await self.session.close()
+
+    async def _sleep_delay(self) -> None:
+        if self.delay is not None:
+            await asyncio.sleep(self.delay() * self.scale)
+
+    # ------------------------------------------------------------------------------------ tasks
+
+    async def _probe(self, k: int) -> int:
+        """One probe and its reply (each delayed like any state message); an unreachable node looks full."""
+        assert self.session is not None
+        await self._sleep_delay()
+        self.sent["probe"] += 1
+        try:
+            async with self.session.post(
+                f"{self.node_urls[k]}/probe",
+                headers=wire.bearer(self.token),
+                timeout=aiohttp.ClientTimeout(5),
+            ) as resp:
+                body = await resp.json()
+                x = int(body["x"])
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError):
+            self.failures["probe"] += 1
+            return 1 << 30
+        await self._sleep_delay()
+        self.received["probe_reply"] += 1
+        return x
+
+    async def post_task(self, request: web.Request) -> web.Response:
+        accepted = time.monotonic()  # not the loop clock: uvloop's has millisecond resolution
+        try:
+            body = await wire.read_json(request)
+            work = wire.number(body, "work", positive=True)
+        except wire.BadRequest as e:
+            return wire.error(400, str(e), e.field)
+        decision = self.policy.dispatch()
+        if isinstance(decision, Probe):
+            replies = await asyncio.gather(*(self._probe(k) for k in decision.nodes))
+            decision = self.policy.resolve(decision, list(replies))
+        route: Route = decision
+        self.decisions[route.outcome] += 1
+        self.in_flight += 1
+        try:
+            forward = asyncio.ensure_future(self._forward(route, work, time.monotonic() - accepted))
+            self._send(route.messages)  # threshold updates follow the task they were decided with
+            status, reply = await forward
+        finally:
+            self.in_flight -= 1
+            self.policy.on_task_done(route.node)
+        if status == 200:
+            self.outcomes["completed"] += 1
+            sojourn = (time.monotonic() - accepted) / self.scale
+            self.sojourn.observe(sojourn)
+            return web.json_response({"node": route.node, "sojourn": sojourn, **reply})
+        if status == 503:
+            self.outcomes["refused"] += 1
+            return wire.error(503, f"node {route.node} refused the task: {reply.get('error', '')}")
+        self.outcomes["lost"] += 1
+        self.lost_by_node[route.node] += 1
+        return wire.error(502, f"task lost with node {route.node}: {reply.get('error', '')}")
+
+    async def _forward(self, route: Route, work: float, latency: float) -> tuple[int, dict[str, Any]]:
+        assert self.session is not None
+        if self.delay_tasks:
+            await self._sleep_delay()
+        self.latency.observe(latency)
+        body = {"work": work, "origin": self.index, "piggyback": list(route.piggyback)}
+        try:
+            async with self.session.post(f"{self.node_urls[route.node]}/tasks", json=body) as resp:
+                reply = await resp.json()
+                return resp.status, reply if isinstance(reply, dict) else {}
+        except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+            return 0, {"error": str(e) or type(e).__name__}
+
+    # --------------------------------------------------------------------------------- messages
+
+    def _send(self, msgs: Sequence[Message]) -> None:
+        for m in msgs:
+            t = asyncio.ensure_future(self._post_message(m))
+            self.background.add(t)
+            t.add_done_callback(self.background.discard)
+
+    async def _post_message(self, m: Message) -> None:
+        assert self.session is not None
+        await self._sleep_delay()
+        self.sent[m.kind] += 1
+        try:
+            async with self.session.post(
+                f"{self.node_urls[m.node]}/messages",
+                json={"messages": [wire.message_to_json(m)]},
+                headers=wire.bearer(self.token),
+            ) as resp:
+                if resp.status != 200:
+                    self.failures[m.kind] += 1
+        except (aiohttp.ClientError, TimeoutError):
+            self.failures[m.kind] += 1
+
+    async def post_messages(self, request: web.Request) -> web.Response:
+        if not wire.authorized(request, self.token):
+            return wire.error(401, "missing or wrong token")
+        try:
+            body = await wire.read_json(request)
+            raw = body.get("messages")
+            if not isinstance(raw, list) or not raw or len(raw) > 64:
+                raise wire.BadRequest("messages must be an array of 1 to 64 messages", "messages")
+            msgs = [wire.message_from_json(m, f"messages[{i}]") for i, m in enumerate(raw)]
+        except wire.BadRequest as e:
+            return wire.error(400, str(e), e.field)
+        for m in msgs:
+            if not 0 <= m.node < self.exp.n:
+                return wire.error(400, f"no node {m.node} in this cluster", "node")
+        for m in msgs:
+            self.received[m.kind] += 1
+            try:
+                out = self.policy.on_message(m)
+            except (ValueError, TypeError, AssertionError) as e:
+                self.failures[m.kind] += 1
+                return wire.error(400, f"{m.kind}: {e}", "kind")
+            self._send(out)
+        return web.json_response({"ok": True})
+
+    async def get_health(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "status": "ok",
+                "dispatcher": self.index,
+                "policy": self.policy.name,
+                "in_flight": self.in_flight,
+            }
+        )
+
+
+class _DispatcherCollector(Collector):
+    def __init__(self, host: DispatcherHost) -> None:
+        self.host = host
+
+    def collect(self) -> Iterator[Metric]:
+        h = self.host
+        policy = h.policy.name
+        decisions = CounterMetricFamily(
+            "lbtestbed_dispatcher_decisions", "Routing decisions by rule", labels=["policy", "outcome"]
+        )
+        for outcome, v in sorted(h.decisions.items()):
+            decisions.add_metric([policy, outcome], v)
+        yield decisions
+        tasks = CounterMetricFamily(
+            "lbtestbed_dispatcher_tasks",
+            "Tasks by how they ended: completed, refused (503), lost",
+            labels=["outcome"],
+        )
+        for outcome in OUTCOMES:
+            tasks.add_metric([outcome], h.outcomes[outcome])
+        yield tasks
+        for name, doc, counts in (
+            ("lbtestbed_dispatcher_messages_sent", "State messages sent, by kind", h.sent),
+            ("lbtestbed_dispatcher_messages_received", "State messages received, by kind", h.received),
+            ("lbtestbed_dispatcher_message_failures", "State messages that failed, by kind", h.failures),
+        ):
+            fam = CounterMetricFamily(name, doc, labels=["kind"])
+            for kind, v in sorted(counts.items()):
+                fam.add_metric([kind], v)
+            yield fam
+        in_flight = GaugeMetricFamily("lbtestbed_dispatcher_tasks_in_flight", "Tasks forwarded and not done")
+        in_flight.add_metric([], h.in_flight)
+        yield in_flight
+        state = GaugeMetricFamily(
+            "lbtestbed_dispatcher_policy_state",
+            "Policy state: SLTA's r and tokens, JIQ tokens, ...",
+            labels=["quantity"],
+        )
+        for quantity, amount in sorted(h.policy.gauges().items()):
+            state.add_metric([quantity], amount)
+        yield state
+        scale = GaugeMetricFamily("lbtestbed_time_scale", "Wall seconds per model second")
+        scale.add_metric([], h.scale)
+        yield scale
+
+
+def build_app(host: DispatcherHost) -> web.Application:
+    app = web.Application(client_max_size=wire.MAX_BODY)
+    app.router.add_post(wire.PREFIX + "/tasks", host.post_task)
+    app.router.add_post(wire.PREFIX + "/messages", host.post_messages)
+    app.router.add_get(wire.PREFIX + "/health", host.get_health)
+    app.router.add_get("/metrics", wire.metrics_handler(host.registry))
+
+    async def on_startup(_: web.Application) -> None:
+        await host.start()
+
+    async def on_cleanup(_: web.Application) -> None:
+        await host.stop()
+
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    return app

@@ -1,0 +1,268 @@
+"""A server-node process: one or more virtual nodes of a spec behind one HTTP server.
+
+Each virtual node runs the spec's node model in wall time (``time_scale`` wall seconds per model second) and
+the node side of the policy. A forwarded task's request stays open until the task completes (synchronous
+completion: the dispatcher and the client see the completion without an extra message). Completions fire from
+event-loop timers; a timer that wakes early is re-armed and one that wakes late completes the task at its
+scheduled model time, so a task's service lasts exactly its work / speed in model time whatever the timer
+error (only the HTTP reply carries the lateness).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import aiohttp
+import numpy as np
+from aiohttp import web
+
+from lbtestbed import wire
+from lbtestbed.distributions import BlockSampler
+from lbtestbed.policies import Message, NodeSide, make_node_sides
+from lbtestbed.server_node.models import INF, NodeModel, make_node
+from lbtestbed.spec import Experiment, seed_sequence
+from lbtestbed.workload import Task
+
+log = logging.getLogger("lbtestbed.server_node")
+
+EARLY_WAKE = 0.0002  # wall seconds: a timer that fires earlier than this before its target is re-armed
+
+
+class NodeHost:
+    """The virtual nodes ``node_ids`` of ``exp``, their timers, and the messages they send."""
+
+    def __init__(
+        self,
+        exp: Experiment,
+        node_ids: Sequence[int],
+        dispatchers: Sequence[str],
+        token: str,
+        max_tasks: int = 100_000,
+    ) -> None:
+        self.exp = exp
+        self.ids = list(node_ids)
+        self.dispatchers = list(dispatchers)
+        self.token = token
+        self.max_tasks = max_tasks
+        self.scale = exp.run.time_scale
+        rng = random.Random(int(seed_sequence(exp.seed, "nodes", self.ids[0]).generate_state(1)[0]))
+        self.sides: dict[int, NodeSide] = dict(
+            zip(self.ids, make_node_sides(exp, rng, self.ids, max(1, len(dispatchers))), strict=True)
+        )
+        self.models: dict[int, NodeModel] = {}
+        self.delay = None
+        if exp.network.delay is not None:
+            self.delay = BlockSampler(
+                exp.network.delay,
+                np.random.default_rng(seed_sequence(exp.seed, "network", 1000 + self.ids[0])),
+            )
+        self.timers: dict[int, asyncio.TimerHandle] = {}
+        self.scheduled: dict[int, float] = {}
+        self.waiting: dict[int, asyncio.Future[float]] = {}
+        self.task_ids = itertools.count(1)
+        self.sent: Counter[str] = Counter()
+        self.send_failures: Counter[str] = Counter()
+        self.received: Counter[str] = Counter()
+        self.refused: Counter[int] = Counter()
+        self.session: aiohttp.ClientSession | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.t0 = 0.0
+        self.background: set[asyncio.Task[None]] = set()
+
+    # ------------------------------------------------------------------------------------------ clock
+
+    async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.t0 = time.monotonic()
+        for k in self.ids:
+            c = self.exp.node_class[k]
+            self.models[k] = make_node(
+                self.exp.classes[c].discipline, self.exp.node_speeds[k], self.exp.classes[c].utility, 0.0
+            )
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=256), timeout=aiohttp.ClientTimeout(total=30)
+        )
+
+    async def stop(self) -> None:
+        for h in self.timers.values():
+            h.cancel()
+        for t in list(self.background):
+            t.cancel()
+        if self.session is not None:
+            await self.session.close()
+
+    def now(self) -> float:
+        """Model time, from the monotonic clock (uvloop's loop clock has only millisecond resolution)."""
+        return (time.monotonic() - self.t0) / self.scale
+
+    def _schedule(self, k: int) -> None:
+        t = self.models[k].next_completion()
+        if t == self.scheduled.get(k):
+            return
+        old = self.timers.pop(k, None)
+        if old is not None:
+            old.cancel()
+        self.scheduled[k] = t
+        if t < INF:
+            assert self.loop is not None
+            wait = self.t0 + t * self.scale - time.monotonic()
+            self.timers[k] = self.loop.call_later(max(0.0, wait), self._fire, k, t)
+
+    def _fire(self, k: int, t: float) -> None:
+        assert self.loop is not None
+        self.timers.pop(k, None)
+        early = self.t0 + t * self.scale - time.monotonic()
+        if early > EARLY_WAKE:
+            self.timers[k] = self.loop.call_later(early, self._fire, k, t)
+            return
+        model = self.models[k]
+        task = model.complete(max(t, model.last))  # the scheduled model time: service is exact
+        self.scheduled.pop(k, None)
+        fut = self.waiting.pop(task.id, None)
+        if fut is not None and not fut.done():
+            fut.set_result(t)
+        self._send(self.sides[k].on_departure(model.x, task.origin))
+        self._schedule(k)
+
+    # --------------------------------------------------------------------------------------- messages
+
+    def _send(self, msgs: Sequence[Message]) -> None:
+        for m in msgs:
+            task = asyncio.ensure_future(self._post_message(m))
+            self.background.add(task)
+            task.add_done_callback(self.background.discard)
+
+    async def _post_message(self, m: Message) -> None:
+        if self.delay is not None:
+            await asyncio.sleep(self.delay() * self.scale)
+        if not 0 <= m.dispatcher < len(self.dispatchers):
+            self.send_failures[m.kind] += 1
+            return
+        assert self.session is not None
+        url = f"{self.dispatchers[m.dispatcher]}{wire.PREFIX}/messages"
+        self.sent[m.kind] += 1
+        try:
+            async with self.session.post(
+                url, json={"messages": [wire.message_to_json(m)]}, headers=wire.bearer(self.token)
+            ) as resp:
+                if resp.status != 200:
+                    self.send_failures[m.kind] += 1
+                    log.warning("dispatcher %s refused a %s message: %s", url, m.kind, resp.status)
+        except (aiohttp.ClientError, TimeoutError) as e:
+            self.send_failures[m.kind] += 1
+            log.warning("cannot reach dispatcher %s: %s", url, e)
+
+    # --------------------------------------------------------------------------------------- handlers
+
+    def _node(self, request: web.Request) -> int:
+        try:
+            k = int(request.match_info["node"])
+        except ValueError:
+            raise web.HTTPNotFound(
+                text='{"error": "node ids are integers"}', content_type="application/json"
+            ) from None
+        if k not in self.sides:
+            raise web.HTTPNotFound(text=f'{{"error": "no node {k} here"}}', content_type="application/json")
+        return k
+
+    async def post_task(self, request: web.Request) -> web.Response:
+        k = self._node(request)
+        try:
+            body = await wire.read_json(request)
+            work = wire.number(body, "work", positive=True)
+            origin = wire.integer(body, "origin", 0)
+            piggyback = body.get("piggyback", [])
+            if not isinstance(piggyback, list) or len(piggyback) > 16:
+                raise wire.BadRequest("piggyback must be an array of at most 16 values", "piggyback")
+        except wire.BadRequest as e:
+            return wire.error(400, str(e), e.field)
+        model = self.models[k]
+        if model.x >= self.max_tasks:
+            self.refused[k] += 1
+            return wire.error(503, f"node {k} holds its limit of {self.max_tasks} tasks")
+        assert self.loop is not None
+        t = max(self.now(), model.last)
+        task = Task(next(self.task_ids), work, t, origin)
+        fut: asyncio.Future[float] = self.loop.create_future()
+        self.waiting[task.id] = fut
+        waited = model.arrive(task, t)
+        self._schedule(k)
+        self._send(self.sides[k].on_arrival(model.x, origin, tuple(piggyback)))
+        try:
+            done = await fut
+        finally:
+            self.waiting.pop(task.id, None)
+        return web.json_response({"node": k, "arrived": t, "completed": done, "waited": waited})
+
+    async def post_probe(self, request: web.Request) -> web.Response:
+        if not wire.authorized(request, self.token):
+            return wire.error(401, "missing or wrong token")
+        k = self._node(request)
+        self.received["probe"] += 1
+        self.sent["probe_reply"] += 1
+        return web.json_response({"node": k, "x": self.sides[k].probe_reply(self.models[k].x)})
+
+    async def post_messages(self, request: web.Request) -> web.Response:
+        if not wire.authorized(request, self.token):
+            return wire.error(401, "missing or wrong token")
+        k = self._node(request)
+        try:
+            body = await wire.read_json(request)
+            raw = body.get("messages")
+            if not isinstance(raw, list) or not raw or len(raw) > 64:
+                raise wire.BadRequest("messages must be an array of 1 to 64 messages", "messages")
+            msgs = [wire.message_from_json(m, f"messages[{i}]") for i, m in enumerate(raw)]
+        except wire.BadRequest as e:
+            return wire.error(400, str(e), e.field)
+        for m in msgs:
+            if m.node != k:
+                return wire.error(400, f"message for node {m.node} posted to node {k}", "node")
+        for m in msgs:
+            self.received[m.kind] += 1
+            try:
+                out = self.sides[k].on_message(m, self.models[k].x)
+            except (ValueError, TypeError, AssertionError) as e:
+                return wire.error(400, f"{m.kind}: {e}", "kind")
+            self._send(out)
+        return web.json_response({"ok": True})
+
+    async def get_health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "nodes": self.ids, "model_time": self.now()})
+
+    def snapshot(self) -> dict[str, Any]:
+        """Exact integrals of every node up to now (advancing them is harmless: it is exact integration)."""
+        t = self.now()
+        out = {}
+        for k, m in self.models.items():
+            m.advance(max(t, m.last))
+            out[k] = m
+        return {"time": t, "models": out}
+
+
+def build_app(host: NodeHost) -> web.Application:
+    app = web.Application(client_max_size=wire.MAX_BODY)
+    p = wire.PREFIX
+    app.router.add_post(p + "/nodes/{node}/tasks", host.post_task)
+    app.router.add_post(p + "/nodes/{node}/probe", host.post_probe)
+    app.router.add_post(p + "/nodes/{node}/messages", host.post_messages)
+    app.router.add_get(p + "/health", host.get_health)
+    from lbtestbed.server_node.metrics import registry_for  # the collector module imports this one
+
+    app.router.add_get("/metrics", wire.metrics_handler(registry_for(host)))
+
+    async def on_startup(_: web.Application) -> None:
+        await host.start()
+
+    async def on_cleanup(_: web.Application) -> None:
+        await host.stop()
+
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    return app

@@ -1,0 +1,91 @@
+"""Prometheus metrics of a server-node process, read from the node models at scrape time.
+
+The time integrals of DESIGN principle 5 are exported as counters in model seconds, advanced to the scrape
+instant, so ``increase()`` over a window gives exact time averages: seconds with exactly k tasks per node,
+task-seconds and utility-seconds. Labels: node id, class name, k (bounded by the largest occupancy seen) and
+message kind (bounded by the policy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from lbtestbed.server_node.host import NodeHost
+
+
+class NodeCollector(Collector):
+    def __init__(self, host: NodeHost) -> None:
+        self.host = host
+
+    def collect(self) -> Iterator[Metric]:
+        host = self.host
+        snap = host.snapshot()
+        names = [c.name for c in host.exp.classes]
+        cls = host.exp.node_class
+        occupancy = CounterMetricFamily(
+            "lbtestbed_node_occupancy_model_seconds",
+            "Model seconds the node spent holding exactly `tasks` tasks",
+            labels=["node", "class", "tasks"],
+        )
+        task_s = CounterMetricFamily(
+            "lbtestbed_node_task_model_seconds",
+            "Integral of the number of tasks over model time",
+            labels=["node", "class"],
+        )
+        util_s = CounterMetricFamily(
+            "lbtestbed_node_utility_model_seconds",
+            "Integral of the pool's utility over model time",
+            labels=["node", "class"],
+        )
+        arrivals = CounterMetricFamily("lbtestbed_node_arrivals", "Tasks accepted", labels=["node", "class"])
+        completions = CounterMetricFamily(
+            "lbtestbed_node_completions", "Tasks completed", labels=["node", "class"]
+        )
+        refused = CounterMetricFamily(
+            "lbtestbed_node_refused", "Tasks refused at the task limit (503)", labels=["node", "class"]
+        )
+        tasks = GaugeMetricFamily("lbtestbed_node_tasks", "Tasks present now", labels=["node", "class"])
+        speed = GaugeMetricFamily(
+            "lbtestbed_node_speed", "Work units served per model second", labels=["node", "class"]
+        )
+        for k, m in snap["models"].items():
+            labels = [str(k), names[cls[k]]]
+            for x, seconds in enumerate(m.time_at):
+                occupancy.add_metric([*labels, str(x)], seconds)
+            task_s.add_metric(labels, m.task_seconds)
+            util_s.add_metric(labels, m.utility_seconds)
+            arrivals.add_metric(labels, m.arrivals)
+            completions.add_metric(labels, m.completions)
+            refused.add_metric(labels, host.refused[k])
+            tasks.add_metric(labels, m.x)
+            speed.add_metric(labels, m.speed)
+        yield from (occupancy, task_s, util_s, arrivals, completions, refused, tasks, speed)
+        clock = CounterMetricFamily("lbtestbed_node_model_seconds", "Model time since the process started")
+        clock.add_metric([], snap["time"])
+        yield clock
+        scale = GaugeMetricFamily("lbtestbed_time_scale", "Wall seconds per model second")
+        scale.add_metric([], host.scale)
+        yield scale
+        for name, doc, counts in (
+            ("lbtestbed_node_messages_sent", "State messages sent, by kind", host.sent),
+            ("lbtestbed_node_messages_received", "State messages received, by kind", host.received),
+            (
+                "lbtestbed_node_message_failures",
+                "State messages that could not be delivered",
+                host.send_failures,
+            ),
+        ):
+            fam = CounterMetricFamily(name, doc, labels=["kind"])
+            for kind, v in sorted(counts.items()):
+                fam.add_metric([kind], v)
+            yield fam
+
+
+def registry_for(host: NodeHost) -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(NodeCollector(host))
+    return reg

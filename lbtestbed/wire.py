@@ -1,0 +1,111 @@
+"""The wire protocol shared by dispatchers and server nodes: JSON over HTTP, version 1 (docs/protocol.md).
+
+Bodies are small JSON objects. Every request that changes policy state (state messages, probes, threshold
+updates, admin) carries the cluster's shared token in the ``Authorization: Bearer`` header. Errors are
+JSON too: ``{"error": "...", "field": "..."}`` with status 400 (malformed), 401 (no or wrong token),
+413 (too large) or 503 (a node at its task limit).
+"""
+
+from __future__ import annotations
+
+import hmac
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from aiohttp import web
+
+from lbtestbed.policies.base import Message
+
+VERSION = "v1"
+PREFIX = f"/{VERSION}"
+MAX_BODY = 64 * 1024  # bytes; a task or a state message is well under 1 KiB
+AUTH_HEADER = "Authorization"
+
+
+class BadRequest(Exception):
+    """A request body that does not follow the protocol; ``field`` names the offending field."""
+
+    def __init__(self, message: str, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def error(status: int, message: str, field: str = "") -> web.Response:
+    body: dict[str, Any] = {"error": message}
+    if field:
+        body["field"] = field
+    return web.json_response(body, status=status)
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {AUTH_HEADER: f"Bearer {token}"}
+
+
+def authorized(request: web.Request, token: str) -> bool:
+    given = request.headers.get(AUTH_HEADER, "")
+    return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
+
+
+async def read_json(request: web.Request) -> Mapping[str, Any]:
+    """The request's JSON object, or BadRequest naming what is wrong."""
+    try:
+        body = await request.json()
+    except ValueError:
+        raise BadRequest("body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise BadRequest("body must be a JSON object")
+    return body
+
+
+def number(
+    body: Mapping[str, Any], field: str, *, positive: bool = False, default: float | None = None
+) -> float:
+    v = body.get(field, default)
+    if v is None:
+        raise BadRequest(f"missing field {field!r}", field)
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise BadRequest(f"{field} must be a finite number", field)
+    if positive and v <= 0:
+        raise BadRequest(f"{field} must be positive", field)
+    if v < 0:
+        raise BadRequest(f"{field} must not be negative", field)
+    return float(v)
+
+
+def integer(body: Mapping[str, Any], field: str, default: int | None = None) -> int:
+    v = body.get(field, default)
+    if v is None:
+        raise BadRequest(f"missing field {field!r}", field)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise BadRequest(f"{field} must be a non-negative integer", field)
+    return v
+
+
+def message_to_json(msg: Message) -> dict[str, Any]:
+    return {"kind": msg.kind, "node": msg.node, "dispatcher": msg.dispatcher, "data": list(msg.data)}
+
+
+def message_from_json(obj: Any, where: str = "message") -> Message:
+    if not isinstance(obj, dict):
+        raise BadRequest(f"{where} must be an object", where)
+    kind = obj.get("kind")
+    if not isinstance(kind, str) or not kind or len(kind) > 64:
+        raise BadRequest(f"{where}.kind must be a short string", f"{where}.kind")
+    data = obj.get("data", [])
+    if not isinstance(data, list) or len(data) > 16:
+        raise BadRequest(f"{where}.data must be an array of at most 16 values", f"{where}.data")
+    for v in data:
+        if not isinstance(v, bool | int | float) or (isinstance(v, float) and not math.isfinite(v)):
+            raise BadRequest(f"{where}.data holds numbers and booleans only", f"{where}.data")
+    return Message(kind, integer(obj, "node"), tuple(data), integer(obj, "dispatcher", 0))
+
+
+def metrics_handler(registry: Any) -> Any:
+    """An aiohttp handler serving a prometheus_client registry in the text exposition format."""
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    async def handle(request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    return handle
