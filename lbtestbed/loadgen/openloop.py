@@ -1,0 +1,173 @@
+"""The open-loop generator: Poisson arrivals that never wait for the system.
+
+Tasks follow an absolute schedule (model arrival times from the spec's seeded workload, the same tasks the
+simulator draws for the same seed) scaled to wall time, so the rate never drifts. Each send is a separate
+request; nothing waits for earlier tasks. A task's sojourn is measured from its *intended* send time, so a
+generator that falls behind does not hide the delay (no coordinated omission). Sends that leave late are
+counted with their lateness; tasks that would exceed the bound on outstanding requests are dropped and
+counted. Every task ends completed, refused (503), lost (502, the node failed) or dropped, or failed to reach
+a dispatcher at all; the counts add up to the tasks scheduled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+
+from lbtestbed.spec import Experiment
+from lbtestbed.wire import PREFIX
+from lbtestbed.workload import PoissonWorkload
+
+LATE = 0.002  # wall seconds: a send that leaves later than this after its intended time counts as late
+
+
+@dataclass
+class LoadReport:
+    scheduled: int = 0
+    outcomes: Counter[str] = field(default_factory=Counter)  # completed, refused, lost, dropped, failed
+    late: int = 0
+    lateness: list[float] = field(default_factory=list)  # wall seconds, every send
+    sojourns: list[float] = field(default_factory=list)  # model seconds, completed tasks
+    records: list[tuple[float, float, int, float]] = field(default_factory=list)  # (t, work, node, sojourn)
+    wall_seconds: float = 0.0  # until the last task came back
+    send_seconds: float = 0.0  # from the first intended send to the last actual send
+    model_seconds: float = 0.0
+
+    def summary(self) -> dict[str, object]:
+        lat = np.array(self.lateness) if self.lateness else np.zeros(1)
+        soj = np.array(self.sojourns) if self.sojourns else np.full(1, np.nan)
+        sent = self.scheduled - self.outcomes["dropped"]
+        return {
+            "scheduled": self.scheduled,
+            "sent": sent,
+            **{k: self.outcomes[k] for k in ("completed", "refused", "lost", "dropped", "failed")},
+            "rate_sent": sent / self.send_seconds if self.send_seconds else None,
+            "late_sends": self.late,
+            "lateness_p50_ms": 1e3 * float(np.quantile(lat, 0.5)),
+            "lateness_p99_ms": 1e3 * float(np.quantile(lat, 0.99)),
+            "lateness_max_ms": 1e3 * float(lat.max()),
+            "mean_sojourn": float(np.nanmean(soj)) if self.sojourns else None,
+            "sojourn_p50": float(np.quantile(soj, 0.5)) if self.sojourns else None,
+            "sojourn_p99": float(np.quantile(soj, 0.99)) if self.sojourns else None,
+            "wall_seconds": self.wall_seconds,
+            "model_seconds": self.model_seconds,
+        }
+
+
+def poisson_tasks(
+    exp: Experiment, model_seconds: float, replication: int = 0
+) -> Iterator[tuple[float, float]]:
+    """(model arrival time, work) of the spec's workload up to ``model_seconds``: the simulator's tasks."""
+    workload = PoissonWorkload(exp, replication)
+    while True:
+        t, work = workload.next()
+        if t > model_seconds:
+            return
+        yield t, work
+
+
+def write_trace(path: Path, tasks: Sequence[tuple[float, float]]) -> None:
+    with open(path, "w") as f:
+        f.write("# lbtestbed trace v1: model arrival time, work\n")
+        for t, w in tasks:
+            f.write(f"{t!r},{w!r}\n")
+
+
+def read_trace(path: Path) -> list[tuple[float, float]]:
+    """A recorded workload; a malformed line is an error naming the file and the line."""
+    tasks: list[tuple[float, float]] = []
+    with open(path) as f:
+        for i, line in enumerate(f, 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            try:
+                t, w = (float(x) for x in line.split(","))
+            except ValueError:
+                raise ValueError(f"{path}:{i}: expected 'time,work', got {line!r}") from None
+            if w <= 0 or (tasks and t < tasks[-1][0]):
+                raise ValueError(f"{path}:{i}: times must not decrease and work must be positive")
+            tasks.append((t, w))
+    return tasks
+
+
+async def drive(
+    dispatchers: Sequence[str],
+    tasks: Sequence[tuple[float, float]],
+    time_scale: float,
+    max_outstanding: int = 10_000,
+    progress: Callable[[int, int], None] | None = None,
+    session: aiohttp.ClientSession | None = None,
+) -> LoadReport:
+    """Send ``tasks`` on their schedule, round robin over ``dispatchers``; return what happened."""
+    report = LoadReport(scheduled=len(tasks))
+    own = session is None
+    if session is None:
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None, sock_connect=5)
+        )
+    urls = [f"{d}{PREFIX}/tasks" for d in dispatchers]
+    outstanding = 0
+    pending: set[asyncio.Task[None]] = set()
+
+    async def send(i: int, t: float, work: float, intended: float) -> None:
+        nonlocal outstanding
+        try:
+            async with session.post(urls[i % len(urls)], json={"work": work}) as resp:
+                body = await resp.json()
+                done = time.monotonic()
+                if resp.status == 200:
+                    report.outcomes["completed"] += 1
+                    sojourn = (done - intended) / time_scale
+                    report.sojourns.append(sojourn)
+                    report.records.append((t, work, int(body.get("node", -1)), sojourn))
+                elif resp.status == 503:
+                    report.outcomes["refused"] += 1
+                elif resp.status == 502:
+                    report.outcomes["lost"] += 1
+                else:
+                    report.outcomes["failed"] += 1
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            report.outcomes["failed"] += 1
+        finally:
+            outstanding -= 1
+
+    start = time.monotonic() + 0.05
+    next_report = start + 1.0
+    try:
+        for i, (t, work) in enumerate(tasks):
+            intended = start + t * time_scale
+            now = time.monotonic()
+            if intended > now:
+                await asyncio.sleep(intended - now)
+                now = time.monotonic()
+            lateness = max(0.0, now - intended)
+            report.lateness.append(lateness)
+            if lateness > LATE:
+                report.late += 1
+            if outstanding >= max_outstanding:
+                report.outcomes["dropped"] += 1
+                continue
+            outstanding += 1
+            task = asyncio.ensure_future(send(i, t, work, intended))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+            if progress is not None and now > next_report:
+                next_report = now + 1.0
+                progress(i + 1, len(tasks))
+        report.send_seconds = time.monotonic() - start
+        if pending:
+            await asyncio.gather(*pending)
+    finally:
+        report.wall_seconds = time.monotonic() - start
+        report.model_seconds = report.wall_seconds / time_scale
+        if own:
+            await session.close()
+    return report
