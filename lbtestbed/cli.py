@@ -289,8 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
         "load",
         help="drive a cluster with the spec's open-loop Poisson workload",
         description="Send the spec's tasks (Poisson arrivals, seeded work sizes: the simulator's tasks for "
-        "the same seed) on an absolute schedule, never waiting for earlier tasks; sojourn is measured from each "
-        "task's intended send time. Exit code 0 when every task completed, 1 otherwise.",
+        "the same seed) on an absolute schedule, never waiting for earlier tasks; sojourn is measured from "
+        "each task's intended send time. Exit code 0 when every task completed, 1 otherwise.",
     )
     load.add_argument("spec", help="experiment spec (TOML)")
     load.add_argument(
