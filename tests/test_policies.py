@@ -523,7 +523,7 @@ def test_slta_departure_token_makes_a_green_dispatch() -> None:
     assert disp.r == 5  # 1 green token < n beta = 4; green > 0, so no increment either
 
 
-def test_slta_increment_reports_only_the_new_yellow_tokens() -> None:
+def test_slta_increment_guesses_the_new_yellow_tokens() -> None:
     # r = 5 after 10 arrivals: x = (2, 2 | 1, 1, 1 | 1, 1, 1), yellow = the three class-1 pools.
     # Three more arrivals fill them; the last takes the last yellow token, so r -> 6, slot (2, 2).
     world = slta_world()
@@ -536,9 +536,10 @@ def test_slta_increment_reports_only_the_new_yellow_tokens() -> None:
     assert sorted(r.node for r in routes) == [2, 3, 4] and disp.r == 6
     # the EPOCH goes to class 1 (its threshold rose to 2) and class 2 (the new yellow class)
     assert {m.node for m in routes[2].messages} >= {2, 3, 4, 5, 6, 7}
-    # §5.4: the dispatcher infers everything except the new yellow tokens of class 2's pools holding
-    # j_6 - 1 = 1 task: exactly those three report, nothing else is sent
-    assert sorted((m.kind, m.node) for m in world.to_dispatcher) == [("token_epoch", k) for k in (5, 6, 7)]
+    # class 2's pools were believed (no green, no yellow) at r = 5: they hold l_2(5) = 1 task or more.
+    # The dispatcher assumes the new yellow token (x < j_6 = 2) is there; all three hold exactly 1, so the
+    # guess is right and nothing is sent (the notes' §5.4 withholds it and makes all three report)
+    assert world.to_dispatcher == []
     for k in range(8):
         assert disp.bits[k] == expected_bits(disp.ranking, world.exp.node_class[k], world.x[k], 6)
 
@@ -556,9 +557,10 @@ def test_slta_decrement_driven_by_departures() -> None:
     route = world.arrive()
     assert route.node in (5, 6, 7) and route.outcome == "green_other"
     assert disp.r == 4
-    # §5.4 decrement: green class-0 pools keep g optimistically and gain y; the one holding
-    # j_4 - 1 = 1 task (node 0) lost its green token and sends the only correction
-    assert [(m.kind, m.node) for m in world.to_dispatcher] == [("token_epoch", 0)]
+    # decrement: green class-0 pools gain y for sure and are assumed to lose g (l_0 falls from 2 to 1);
+    # node 0 holds 1 task, so it did lose it: the belief is exact and nothing is sent (the notes' §5.4
+    # keeps g and makes node 0 correct it)
+    assert world.to_dispatcher == []
     ranking = disp.ranking
     for k in range(8):
         assert disp.bits[k] == expected_bits(ranking, world.exp.node_class[k], world.x[k], 4)
