@@ -101,7 +101,11 @@ def fixed_point(
             lambda _t, x, f=rhs: f(x), (0.0, horizon), x0, method="LSODA", rtol=1e-9, atol=1e-12
         )
         root = optimize.root(rhs, sol.y[:, -1], method="hybr", options={"xtol": 1e-14})
-        x = np.clip(root.x if root.success else sol.y[:, -1], 0.0, 1.0)
+        # hybr can report failure ("xtol too small") at a residual of 1e-17: keep the better of its answer
+        # and the integration's end point, judged by the residual, not by the solver's flag
+        candidates = [np.clip(root.x, 0.0, 1.0), np.clip(sol.y[:, -1], 0.0, 1.0)]
+        residuals = [float(np.abs(rhs(c)).max()) for c in candidates]
+        x = candidates[int(np.argmin(residuals))]
         u = x.reshape(M, K)
         if u[:, -1].max() < 1e-13 or K >= 512:
             break

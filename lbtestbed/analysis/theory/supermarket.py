@@ -37,14 +37,18 @@ def wait_probability(rho: float, d: int) -> float:
 def fcfs_sojourn_quantile(rho: float, d: int, mu: float, q: float) -> float:
     """q-quantile of the sojourn under fcfs and exponential work of rate mu.
 
-    An arrival finds k tasks with probability P_k^d - P_{k+1}^d and then stays Gamma(k + 1, mu).
+    An arrival finds k tasks with probability P_k^d - P_{k+1}^d and then stays Gamma(k + 1, mu). For d = 1
+    that mixture is exactly Exp(mu (1 - rho)), the M/M/1 sojourn.
     """
+    if d == 1:
+        return -math.log1p(-q) / (mu * (1 - rho))
     p = tails(rho, d)
     p.append(0.0)
-    weights = [p[k] ** d - p[k + 1] ** d for k in range(len(p) - 1)]
+    weights = [(k, p[k] ** d - p[k + 1] ** d) for k in range(len(p) - 1)]
+    weights = [(k, w) for k, w in weights if w > 1e-16]
 
     def cdf(t: float) -> float:
-        return sum(w * erlang_cdf(t * mu, k + 1) for k, w in enumerate(weights) if w > 1e-16) - q
+        return sum(w * erlang_cdf(t * mu, k + 1) for k, w in weights) - q
 
     hi = 1.0 / mu
     while cdf(hi) < 0:
