@@ -26,9 +26,10 @@ AUTH_HEADER = "Authorization"
 class BadRequest(Exception):
     """A request body that does not follow the protocol; ``field`` names the offending field."""
 
-    def __init__(self, message: str, field: str = "") -> None:
+    def __init__(self, message: str, field: str = "", status: int = 400) -> None:
         super().__init__(message)
         self.field = field
+        self.status = status
 
 
 def error(status: int, message: str, field: str = "") -> web.Response:
@@ -51,7 +52,9 @@ async def read_json(request: web.Request) -> Mapping[str, Any]:
     """The request's JSON object, or BadRequest naming what is wrong."""
     try:
         body = await request.json()
-    except ValueError:
+    except web.HTTPRequestEntityTooLarge:
+        raise BadRequest(f"body larger than {MAX_BODY} bytes", status=413) from None
+    except (ValueError, UnicodeDecodeError):
         raise BadRequest("body is not valid JSON") from None
     if not isinstance(body, dict):
         raise BadRequest("body must be a JSON object")

@@ -62,6 +62,7 @@ class DispatcherHost:
         self.delay_tasks = exp.network.forward_tasks and self.delay is not None
         self.sent: Counter[str] = Counter()
         self.received: Counter[str] = Counter()
+        self.piggybacked: Counter[str] = Counter()  # of those received, how many rode on a task's reply
         self.failures: Counter[str] = Counter()
         self.decisions: Counter[str] = Counter()
         self.outcomes: Counter[str] = Counter()
@@ -128,7 +129,7 @@ class DispatcherHost:
             body = await wire.read_json(request)
             work = wire.number(body, "work", positive=True)
         except wire.BadRequest as e:
-            return wire.error(400, str(e), e.field)
+            return wire.error(e.status, str(e), e.field)
         decision = self.policy.dispatch()
         if isinstance(decision, Probe):
             replies = await asyncio.gather(*(self._probe(k) for k in decision.nodes))
@@ -144,6 +145,7 @@ class DispatcherHost:
             self.in_flight -= 1
             self.policy.on_task_done(route.node)
         if status == 200:
+            self._apply_riders(reply.pop("messages", None))
             self.outcomes["completed"] += 1
             sojourn = (time.monotonic() - accepted) / self.scale
             self.sojourn.observe(sojourn)
@@ -191,6 +193,20 @@ class DispatcherHost:
         except (aiohttp.ClientError, TimeoutError):
             self.failures[m.kind] += 1
 
+    def _apply_riders(self, raw: Any) -> None:
+        """State messages that came back on a task's reply (a departure, an idle token, a token)."""
+        if not isinstance(raw, list):
+            return
+        for i, obj in enumerate(raw[:64]):
+            try:
+                m = wire.message_from_json(obj, f"messages[{i}]")
+                self.received[m.kind] += 1
+                self.piggybacked[m.kind] += 1
+                self._send(self.policy.on_message(m))
+            except (wire.BadRequest, ValueError, TypeError, AssertionError) as e:
+                self.failures["reply"] += 1
+                log.warning("bad message on a task reply: %s", e)
+
     async def post_messages(self, request: web.Request) -> web.Response:
         if not wire.authorized(request, self.token):
             return wire.error(401, "missing or wrong token")
@@ -201,7 +217,7 @@ class DispatcherHost:
                 raise wire.BadRequest("messages must be an array of 1 to 64 messages", "messages")
             msgs = [wire.message_from_json(m, f"messages[{i}]") for i, m in enumerate(raw)]
         except wire.BadRequest as e:
-            return wire.error(400, str(e), e.field)
+            return wire.error(e.status, str(e), e.field)
         for m in msgs:
             if not 0 <= m.node < self.exp.n:
                 return wire.error(400, f"no node {m.node} in this cluster", "node")
@@ -250,6 +266,11 @@ class _DispatcherCollector(Collector):
         for name, doc, counts in (
             ("lbtestbed_dispatcher_messages_sent", "State messages sent, by kind", h.sent),
             ("lbtestbed_dispatcher_messages_received", "State messages received, by kind", h.received),
+            (
+                "lbtestbed_dispatcher_messages_piggybacked",
+                "State messages received on a task's reply instead of a request of their own, by kind",
+                h.piggybacked,
+            ),
             ("lbtestbed_dispatcher_message_failures", "State messages that failed, by kind", h.failures),
         ):
             fam = CounterMetricFamily(name, doc, labels=["kind"])

@@ -65,9 +65,10 @@ class NodeHost:
             )
         self.timers: dict[int, asyncio.TimerHandle] = {}
         self.scheduled: dict[int, float] = {}
-        self.waiting: dict[int, asyncio.Future[float]] = {}
+        self.waiting: dict[int, asyncio.Future[tuple[float, list[Message]]]] = {}
         self.task_ids = itertools.count(1)
         self.sent: Counter[str] = Counter()
+        self.piggybacked: Counter[str] = Counter()  # of those sent, how many rode on a task's reply
         self.send_failures: Counter[str] = Counter()
         self.received: Counter[str] = Counter()
         self.refused: Counter[int] = Counter()
@@ -126,9 +127,16 @@ class NodeHost:
         task = model.complete(max(t, model.last))  # the scheduled model time: service is exact
         self.scheduled.pop(k, None)
         fut = self.waiting.pop(task.id, None)
+        msgs = self.sides[k].on_departure(model.x, task.origin)
         if fut is not None and not fut.done():
-            fut.set_result(t)
-        self._send(self.sides[k].on_departure(model.x, task.origin))
+            # messages for the dispatcher that routed this task ride on its reply, sent anyway
+            ride = [m for m in msgs if m.dispatcher == task.origin]
+            for m in ride:
+                self.sent[m.kind] += 1
+                self.piggybacked[m.kind] += 1
+            fut.set_result((t, ride))
+            msgs = tuple(m for m in msgs if m.dispatcher != task.origin)
+        self._send(msgs)
         self._schedule(k)
 
     # --------------------------------------------------------------------------------------- messages
@@ -182,7 +190,7 @@ class NodeHost:
             if not isinstance(piggyback, list) or len(piggyback) > 16:
                 raise wire.BadRequest("piggyback must be an array of at most 16 values", "piggyback")
         except wire.BadRequest as e:
-            return wire.error(400, str(e), e.field)
+            return wire.error(e.status, str(e), e.field)
         model = self.models[k]
         if model.x >= self.max_tasks:
             self.refused[k] += 1
@@ -190,16 +198,19 @@ class NodeHost:
         assert self.loop is not None
         t = max(self.now(), model.last)
         task = Task(next(self.task_ids), work, t, origin)
-        fut: asyncio.Future[float] = self.loop.create_future()
+        fut: asyncio.Future[tuple[float, list[Message]]] = self.loop.create_future()
         self.waiting[task.id] = fut
         waited = model.arrive(task, t)
         self._schedule(k)
         self._send(self.sides[k].on_arrival(model.x, origin, tuple(piggyback)))
         try:
-            done = await fut
+            done, ride = await fut
         finally:
             self.waiting.pop(task.id, None)
-        return web.json_response({"node": k, "arrived": t, "completed": done, "waited": waited})
+        reply: dict[str, Any] = {"node": k, "arrived": t, "completed": done, "waited": waited}
+        if ride:
+            reply["messages"] = [wire.message_to_json(m) for m in ride]
+        return web.json_response(reply)
 
     async def post_probe(self, request: web.Request) -> web.Response:
         if not wire.authorized(request, self.token):
@@ -220,7 +231,7 @@ class NodeHost:
                 raise wire.BadRequest("messages must be an array of 1 to 64 messages", "messages")
             msgs = [wire.message_from_json(m, f"messages[{i}]") for i, m in enumerate(raw)]
         except wire.BadRequest as e:
-            return wire.error(400, str(e), e.field)
+            return wire.error(e.status, str(e), e.field)
         for m in msgs:
             if m.node != k:
                 return wire.error(400, f"message for node {m.node} posted to node {k}", "node")

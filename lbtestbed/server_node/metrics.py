@@ -74,6 +74,11 @@ class NodeCollector(Collector):
             ("lbtestbed_node_messages_sent", "State messages sent, by kind", host.sent),
             ("lbtestbed_node_messages_received", "State messages received, by kind", host.received),
             (
+                "lbtestbed_node_messages_piggybacked",
+                "State messages sent on a task's reply instead of a request of their own, by kind",
+                host.piggybacked,
+            ),
+            (
                 "lbtestbed_node_message_failures",
                 "State messages that could not be delivered",
                 host.send_failures,
