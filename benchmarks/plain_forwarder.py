@@ -1,0 +1,49 @@
+"""The baseline of bench_cluster.py: an aiohttp forwarder with no policy, in front of the same nodes.
+
+It does what any dispatcher must do and nothing more: parse the task, pick a node uniformly, forward the
+task over a persistent connection, return the node's reply.
+
+    python benchmarks/plain_forwarder.py --port P --node URL [--node URL ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+
+import aiohttp
+import uvloop
+from aiohttp import web
+
+
+async def main(port: int, nodes: list[str]) -> None:
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+    rng = random.Random(1)
+
+    async def task(request: web.Request) -> web.Response:
+        body = await request.json()
+        async with session.post(f"{rng.choice(nodes)}/tasks", json={"work": body["work"]}) as resp:
+            return web.json_response(await resp.json(), status=resp.status)
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    app = web.Application()
+    app.router.add_post("/v1/tasks", task)
+    app.router.add_get("/v1/health", health)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port, backlog=4096).start()
+    try:
+        while True:
+            await __import__("asyncio").sleep(3600)
+    finally:
+        await session.close()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--node", action="append", required=True, help="base URL of a node (.../v1/nodes/k)")
+    args = parser.parse_args()
+    uvloop.run(main(args.port, args.node))
