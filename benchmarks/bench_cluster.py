@@ -3,7 +3,7 @@
 For each policy a cluster comes up (node processes and the policy's dispatcher) and a plain forwarder
 (benchmarks/plain_forwarder.py) is started in front of the same node processes. A closed-loop client with C
 concurrent requests then drives, in turn: the nodes directly (the latency floor), the plain forwarder, and
-the dispatcher, for S seconds each, alternating rounds. Tasks are tiny (pool nodes, 0.1 ms of service), so
+the dispatcher, for S seconds each, alternating rounds. Tasks take 20 ms on pool nodes (infinite servers), so
 the nodes are never the bottleneck and what is measured is the forwarding path. The report gives tasks per
 second and the p50/p99 latency each path adds over the direct one, as ratios to the plain forwarder.
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -56,7 +57,7 @@ service = {{ dist = "deterministic", mean = 1.0 }}
 [run]
 warmup = 1.0
 duration = 10.0
-time_scale = 0.0001
+time_scale = 0.02
 """
 
 
@@ -68,12 +69,15 @@ def policy_table(name: str, n: int) -> str:
     return f'name = "{name}"'
 
 
-async def closed_loop(urls: list[str], seconds: float, concurrency: int) -> tuple[float, np.ndarray]:
+async def closed_loop(
+    urls: list[str], seconds: float, concurrency: int, token: str
+) -> tuple[float, np.ndarray]:
     """Tasks per second and latencies (s) of ``concurrency`` workers posting back to back to ``urls``."""
     latencies: list[float] = []
     rng = random.Random(7)
     stop = time.monotonic() + seconds
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+    headers = {"Authorization": f"Bearer {token}"}  # needed by the direct path to the nodes only
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), headers=headers) as session:
 
         async def worker() -> None:
             while time.monotonic() < stop:
@@ -120,6 +124,7 @@ def bench_policy(policy: str, n: int, seconds: float, rounds: int, concurrency: 
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            env={**os.environ, "LBT_TOKEN": f.token},
         )
         try:
             forwarder = f"http://127.0.0.1:{port}"
@@ -134,7 +139,7 @@ def bench_policy(policy: str, n: int, seconds: float, rounds: int, concurrency: 
             for r in range(rounds):
                 order = list(paths) if r % 2 == 0 else list(reversed(paths))
                 for name in order:
-                    rate, lat = uvloop.run(closed_loop(paths[name], seconds, concurrency))
+                    rate, lat = uvloop.run(closed_loop(paths[name], seconds, concurrency, f.token))
                     rates[name].append(rate)
                     lats[name].append(lat)
         finally:
@@ -163,7 +168,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=4.0, help="seconds per path and round")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--concurrency", type=int, default=256)
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()

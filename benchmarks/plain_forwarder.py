@@ -3,12 +3,16 @@
 It does what any dispatcher must do and nothing more: parse the task, pick a node uniformly, forward the
 task over a persistent connection, return the node's reply.
 
-    python benchmarks/plain_forwarder.py --port P --node URL [--node URL ...]
+    LBT_TOKEN=... python benchmarks/plain_forwarder.py --port P --node URL [--node URL ...]
+
+The cluster token (nodes accept tasks only from cluster processes) comes from the environment.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
 import random
 
 import aiohttp
@@ -17,7 +21,8 @@ from aiohttp import web
 
 
 async def main(port: int, nodes: list[str]) -> None:
-    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+    headers = {"Authorization": f"Bearer {os.environ['LBT_TOKEN']}"}
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), headers=headers)
     rng = random.Random(1)
 
     async def task(request: web.Request) -> web.Response:
@@ -36,7 +41,7 @@ async def main(port: int, nodes: list[str]) -> None:
     await web.TCPSite(runner, "127.0.0.1", port, backlog=4096).start()
     try:
         while True:
-            await __import__("asyncio").sleep(3600)
+            await asyncio.sleep(3600)
     finally:
         await session.close()
 

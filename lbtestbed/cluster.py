@@ -66,6 +66,7 @@ class ClusterFile:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it holds the token
+        os.fchmod(fd, 0o600)  # also when a leftover file had other permissions
         with os.fdopen(fd, "w") as f:
             json.dump(asdict(self), f, indent=1)
         tmp.replace(path)
@@ -143,6 +144,12 @@ class Cluster:
         timeout: float = 30.0,
     ) -> ClusterFile:
         exp = load_spec(spec, overrides)  # a bad spec fails here, before any process starts
+        if exp.policy.name == "slta" and dispatchers > 1:
+            raise ClusterError(
+                "slta learns one threshold index for the whole cluster: run it with one dispatcher"
+            )
+        if dispatchers < 1:
+            raise ClusterError(f"a cluster needs at least one dispatcher, got {dispatchers}")
         if self.path.exists():
             old = ClusterFile.load(self.path)
             alive = [e for e in old.dispatchers + old.node_hosts if e.pid and _alive(e.pid)]

@@ -1,7 +1,7 @@
 """The wire protocol shared by dispatchers and server nodes: JSON over HTTP, version 1 (docs/protocol.md).
 
-Bodies are small JSON objects. Every request that changes policy state (state messages, probes, threshold
-updates, admin) carries the cluster's shared token in the ``Authorization: Bearer`` header. Errors are
+Bodies are small JSON objects. Every request between cluster processes (tasks forwarded to nodes, probes,
+state messages) carries the cluster's shared token in the ``Authorization: Bearer`` header. Errors are
 JSON too: ``{"error": "...", "field": "..."}`` with status 400 (malformed), 401 (no or wrong token),
 413 (too large) or 503 (a node at its task limit).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hmac
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -20,6 +20,7 @@ from lbtestbed.policies.base import Message
 VERSION = "v1"
 PREFIX = f"/{VERSION}"
 MAX_BODY = 64 * 1024  # bytes; a task or a state message is well under 1 KiB
+MAX_WORK_MEANS = 1e4  # a task's work may be at most this many times the spec's mean work
 AUTH_HEADER = "Authorization"
 
 
@@ -95,13 +96,33 @@ def message_from_json(obj: Any, where: str = "message") -> Message:
     kind = obj.get("kind")
     if not isinstance(kind, str) or not kind or len(kind) > 64:
         raise BadRequest(f"{where}.kind must be a short string", f"{where}.kind")
-    data = obj.get("data", [])
-    if not isinstance(data, list) or len(data) > 16:
-        raise BadRequest(f"{where}.data must be an array of at most 16 values", f"{where}.data")
-    for v in data:
-        if not isinstance(v, bool | int | float) or (isinstance(v, float) and not math.isfinite(v)):
-            raise BadRequest(f"{where}.data holds numbers and booleans only", f"{where}.data")
-    return Message(kind, integer(obj, "node"), tuple(data), integer(obj, "dispatcher", 0))
+    data = small_tuple(obj.get("data", []), f"{where}.data")
+    return Message(kind, integer(obj, "node"), data, integer(obj, "dispatcher", 0))
+
+
+def small_tuple(v: Any, field: str) -> tuple[Any, ...]:
+    """A message payload: an array of at most 16 finite numbers or booleans."""
+    if not isinstance(v, list) or len(v) > 16:
+        raise BadRequest(f"{field} must be an array of at most 16 values", field)
+    for x in v:
+        if not isinstance(x, bool | int | float) or (isinstance(x, float) and not math.isfinite(x)):
+            raise BadRequest(f"{field} holds numbers and booleans only", field)
+    return tuple(v)
+
+
+def parse_messages(body: Mapping[str, Any], allowed: Sequence[str]) -> list[Message]:
+    """The ``messages`` array of a body, every one of a kind in ``allowed`` (so labels stay bounded)."""
+    raw = body.get("messages")
+    if not isinstance(raw, list) or not raw or len(raw) > 64:
+        raise BadRequest("messages must be an array of 1 to 64 messages", "messages")
+    msgs = [message_from_json(m, f"messages[{i}]") for i, m in enumerate(raw)]
+    for i, m in enumerate(msgs):
+        if m.kind not in allowed:
+            expected = ", ".join(allowed) or "none"
+            raise BadRequest(
+                f"unexpected message kind {m.kind!r} (expected: {expected})", f"messages[{i}].kind"
+            )
+    return msgs
 
 
 def metrics_handler(registry: Any) -> Any:

@@ -401,9 +401,10 @@ def test_true_bits_at_r5_by_hand() -> None:
 
 
 def prime(disp: SLTADispatcher, r: int, green: Iterable[int], yellow: Iterable[int]) -> None:
-    """Give the dispatcher a hand-made belief: index r and the green and yellow tokens listed."""
+    """Give the dispatcher a hand-made, settled belief: index r and the green and yellow tokens listed."""
     green, yellow = set(green), set(yellow)
     disp.r = r
+    disp.unsettled.clear()  # every pool has answered the last epoch
     for k in range(disp.n):
         disp._set(k, (k in green, k in yellow))
 
@@ -538,8 +539,13 @@ def test_slta_increment_guesses_the_new_yellow_tokens() -> None:
     assert {m.node for m in routes[2].messages} >= {2, 3, 4, 5, 6, 7}
     # class 2's pools were believed (no green, no yellow) at r = 5: they hold l_2(5) = 1 task or more.
     # The dispatcher assumes the new yellow token (x < j_6 = 2) is there; all three hold exactly 1, so the
-    # guess is right and nothing is sent (the notes' §5.4 withholds it and makes all three report)
-    assert world.to_dispatcher == []
+    # guess is right: every told pool answers with the bits the dispatcher already holds, no correction
+    # (the notes' §5.4 withholds the token and makes all three report it)
+    told = {m.node for m in routes[2].messages}
+    answers = world.to_dispatcher
+    assert sorted(m.node for m in answers) == sorted(told) and {m.kind for m in answers} == {"token_epoch"}
+    for m in answers:
+        assert tuple(m.data[3:]) == disp.bits[m.node]
     for k in range(8):
         assert disp.bits[k] == expected_bits(disp.ranking, world.exp.node_class[k], world.x[k], 6)
 
@@ -558,9 +564,13 @@ def test_slta_decrement_driven_by_departures() -> None:
     assert route.node in (5, 6, 7) and route.outcome == "green_other"
     assert disp.r == 4
     # decrement: green class-0 pools gain y for sure and are assumed to lose g (l_0 falls from 2 to 1);
-    # node 0 holds 1 task, so it did lose it: the belief is exact and nothing is sent (the notes' §5.4
-    # keeps g and makes node 0 correct it)
-    assert world.to_dispatcher == []
+    # node 0 holds 1 task, so it did lose it: the belief is exact and the told pools answer without a
+    # correction (the notes' §5.4 keeps g and makes node 0 correct it)
+    told = {m.node for m in route.messages}
+    answers = world.to_dispatcher
+    assert sorted(m.node for m in answers) == sorted(told) and {m.kind for m in answers} == {"token_epoch"}
+    for m in answers:
+        assert tuple(m.data[3:]) == disp.bits[m.node]
     ranking = disp.ranking
     for k in range(8):
         assert disp.bits[k] == expected_bits(ranking, world.exp.node_class[k], world.x[k], 4)
@@ -1126,3 +1136,32 @@ def test_pool_serves_every_task_at_once() -> None:
     assert node.time_at == pytest.approx([0.0, 1.5, 0.5], abs=1e-12)
     assert node.task_seconds == pytest.approx(1.0 + 2 * 0.5 + 0.5, abs=1e-12)
     assert node.utility_seconds == pytest.approx(1.0 * 2 + 0.5 * 3 + 0.5 * 2, abs=1e-12)
+
+
+def test_slta_learns_again_only_once_every_told_pool_has_answered() -> None:
+    # r = 5 -> 4 by the decrement of R5_LEARNING; until the pools told of epoch 4 answer, a state that
+    # calls for another decrement leaves r alone; after the last answer it moves again
+    world = slta_world()
+    disp = world.disp
+    assert isinstance(disp, SLTADispatcher)
+    prime(disp, 5, {0, 5, 6, 7}, {3, 4})
+    route = disp.dispatch()
+    assert disp.r == 4
+    told = sorted({m.node for m in route.messages})
+    assert told and sorted(disp.unsettled) == told
+    # at r = 4, i_{r-1} is class 1: green tokens of class 1 and plenty in all call for r -> 3
+    green = {0, 1, 2, 3, 4, 5, 6, 7}
+    for k in told[:-1]:
+        prime_keep = set(disp.unsettled)
+        prime(disp, 4, green, set())
+        disp.unsettled.update(prime_keep)
+        answer = Message("token_epoch", k, (disp.epoch, 4, disp.seen_seq[k], True, False), 0)
+        disp.on_message(answer)
+        disp.dispatch()
+        assert disp.r == 4, f"r moved while pools {sorted(disp.unsettled)} had not answered"
+    last = told[-1]
+    disp.on_message(Message("token_epoch", last, (disp.epoch, 4, disp.seen_seq[last], True, False), 0))
+    assert not disp.unsettled
+    prime(disp, 4, green, set())
+    disp.dispatch()
+    assert disp.r == 3

@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector
 
 from lbtestbed import wire
 from lbtestbed.distributions import BlockSampler
-from lbtestbed.policies import Message, Probe, Route, make_dispatcher
+from lbtestbed.policies import DISPATCHER_BOUND, Message, Probe, Route, make_dispatcher
 from lbtestbed.spec import Experiment, seed_sequence
 
 log = logging.getLogger("lbtestbed.dispatcher")
@@ -52,6 +52,8 @@ class DispatcherHost:
         self.node_urls = list(node_urls)  # base URL of node k: .../v1/nodes/k
         self.token = token
         self.scale = exp.run.time_scale
+        self.max_work = wire.MAX_WORK_MEANS * exp.workload.service.mean
+        self.accepts = DISPATCHER_BOUND[exp.policy.name]
         rng = random.Random(int(seed_sequence(exp.seed, "policy", 1000 + index).generate_state(1)[0]))
         self.policy = make_dispatcher(exp, rng, index, dispatchers)
         self.delay = None
@@ -63,7 +65,8 @@ class DispatcherHost:
         self.sent: Counter[str] = Counter()
         self.received: Counter[str] = Counter()
         self.piggybacked: Counter[str] = Counter()  # of those received, how many rode on a task's reply
-        self.failures: Counter[str] = Counter()
+        self.failures: Counter[str] = Counter()  # messages this dispatcher could not deliver
+        self.rejected: Counter[str] = Counter()  # messages it received and refused
         self.decisions: Counter[str] = Counter()
         self.outcomes: Counter[str] = Counter()
         self.lost_by_node: Counter[int] = Counter()
@@ -128,6 +131,10 @@ class DispatcherHost:
         try:
             body = await wire.read_json(request)
             work = wire.number(body, "work", positive=True)
+            if work > self.max_work:
+                raise wire.BadRequest(
+                    f"work above {self.max_work:g} ({wire.MAX_WORK_MEANS:g} mean works)", "work"
+                )
         except wire.BadRequest as e:
             return wire.error(e.status, str(e), e.field)
         decision = self.policy.dispatch()
@@ -141,6 +148,8 @@ class DispatcherHost:
             forward = asyncio.ensure_future(self._forward(route, work, time.monotonic() - accepted))
             self._send(route.messages)  # threshold updates follow the task they were decided with
             status, reply = await forward
+            if self.delay_tasks:
+                await self._sleep_delay()  # the completion's way back, as in the simulator
         finally:
             self.in_flight -= 1
             self.policy.on_task_done(route.node)
@@ -164,7 +173,9 @@ class DispatcherHost:
         self.latency.observe(latency)
         body = {"work": work, "origin": self.index, "piggyback": list(route.piggyback)}
         try:
-            async with self.session.post(f"{self.node_urls[route.node]}/tasks", json=body) as resp:
+            async with self.session.post(
+                f"{self.node_urls[route.node]}/tasks", json=body, headers=wire.bearer(self.token)
+            ) as resp:
                 reply = await resp.json()
                 return resp.status, reply if isinstance(reply, dict) else {}
         except (aiohttp.ClientError, TimeoutError, ValueError) as e:
@@ -190,46 +201,55 @@ class DispatcherHost:
             ) as resp:
                 if resp.status != 200:
                     self.failures[m.kind] += 1
-        except (aiohttp.ClientError, TimeoutError):
+                    return
+                body = await resp.json()
+            self._apply_riders(body.get("messages") if isinstance(body, dict) else None)
+        except (aiohttp.ClientError, TimeoutError, ValueError):
             self.failures[m.kind] += 1
 
     def _apply_riders(self, raw: Any) -> None:
-        """State messages that came back on a task's reply (a departure, an idle token, a token)."""
+        """State messages that came back on the reply to a task or to a message of ours."""
         if not isinstance(raw, list):
             return
-        for i, obj in enumerate(raw[:64]):
+        try:
+            msgs = wire.parse_messages({"messages": raw}, self.accepts)
+        except wire.BadRequest as e:
+            self.rejected["reply"] += 1
+            log.warning("bad messages on a task reply: %s", e)
+            return
+        for m in msgs:
             try:
-                m = wire.message_from_json(obj, f"messages[{i}]")
-                self.received[m.kind] += 1
-                self.piggybacked[m.kind] += 1
-                self._send(self.policy.on_message(m))
-            except (wire.BadRequest, ValueError, TypeError, AssertionError) as e:
-                self.failures["reply"] += 1
-                log.warning("bad message on a task reply: %s", e)
+                out = self.policy.on_message(m)
+            except (ValueError, TypeError, AssertionError) as e:
+                self.rejected[m.kind] += 1
+                log.warning("rejected %s message on a task reply: %s", m.kind, e)
+                continue
+            self.received[m.kind] += 1
+            self.piggybacked[m.kind] += 1
+            self._send(out)
 
     async def post_messages(self, request: web.Request) -> web.Response:
         if not wire.authorized(request, self.token):
             return wire.error(401, "missing or wrong token")
         try:
             body = await wire.read_json(request)
-            raw = body.get("messages")
-            if not isinstance(raw, list) or not raw or len(raw) > 64:
-                raise wire.BadRequest("messages must be an array of 1 to 64 messages", "messages")
-            msgs = [wire.message_from_json(m, f"messages[{i}]") for i, m in enumerate(raw)]
+            msgs = wire.parse_messages(body, self.accepts)
         except wire.BadRequest as e:
             return wire.error(e.status, str(e), e.field)
-        for m in msgs:
+        for i, m in enumerate(msgs):
             if not 0 <= m.node < self.exp.n:
-                return wire.error(400, f"no node {m.node} in this cluster", "node")
-        for m in msgs:
-            self.received[m.kind] += 1
+                return wire.error(400, f"no node {m.node} in this cluster", f"messages[{i}].node")
+        for i, m in enumerate(msgs):
             try:
                 out = self.policy.on_message(m)
             except (ValueError, TypeError, AssertionError) as e:
-                self.failures[m.kind] += 1
-                return wire.error(400, f"{m.kind}: {e}", "kind")
+                self.rejected[m.kind] += 1
+                return wire.error(
+                    400, f"{m.kind}: {e} ({i} of {len(msgs)} messages applied)", f"messages[{i}]"
+                )
+            self.received[m.kind] += 1
             self._send(out)
-        return web.json_response({"ok": True})
+        return web.json_response({"ok": True, "applied": len(msgs)})
 
     async def get_health(self, request: web.Request) -> web.Response:
         return web.json_response(
@@ -271,7 +291,12 @@ class _DispatcherCollector(Collector):
                 "State messages received on a task's reply instead of a request of their own, by kind",
                 h.piggybacked,
             ),
-            ("lbtestbed_dispatcher_message_failures", "State messages that failed, by kind", h.failures),
+            (
+                "lbtestbed_dispatcher_message_failures",
+                "State messages that could not be delivered",
+                h.failures,
+            ),
+            ("lbtestbed_dispatcher_messages_rejected", "State messages received and refused", h.rejected),
         ):
             fam = CounterMetricFamily(name, doc, labels=["kind"])
             for kind, v in sorted(counts.items()):

@@ -55,6 +55,17 @@ MESSAGE_KINDS: dict[str, tuple[str, ...]] = {
 }
 
 
+#: kinds a node accepts from a dispatcher (probes have their own endpoint)
+NODE_BOUND: dict[str, tuple[str, ...]] = {
+    name: ("epoch",) if name == "slta" else () for name in MESSAGE_KINDS
+}
+#: kinds a dispatcher accepts from nodes
+DISPATCHER_BOUND: dict[str, tuple[str, ...]] = {
+    name: tuple(k for k in kinds if k not in ("probe", "probe_reply", "epoch"))
+    for name, kinds in MESSAGE_KINDS.items()
+}
+
+
 def make_dispatcher(
     exp: Experiment, rng: random.Random, index: int = 0, dispatchers: int = 1
 ) -> DispatcherSide:

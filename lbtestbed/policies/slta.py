@@ -25,6 +25,9 @@ exactly at the new yellow level.
 
 Every change of r starts a new epoch. TOKENs carry the pool's epoch and a sequence number; the dispatcher
 drops a token older than the last change of that class's thresholds, or older than one it has applied.
+A pool answers every EPOCH (with a correction, or with its unchanged bits), and the dispatcher does not
+apply the learning rule again until every pool it told has answered: r moves on settled counts, never on
+its own guesses. With exact delivery the answers arrive at once and the rule is the paper's.
 """
 
 from __future__ import annotations
@@ -103,6 +106,7 @@ class SLTADispatcher(DispatcherSide):
         self.bits: list[Bits] = [(False, False)] * self.n
         self.seen_seq = [0] * self.n
         self.stale_tokens = 0
+        self.unsettled: set[int] = set()  # pools told of the current epoch that have not answered
         for k in range(self.n):  # the system starts empty with r = 1
             self._set(k, self.th.true_bits(self.node_class[k], 0, 1))
 
@@ -148,7 +152,9 @@ class SLTADispatcher(DispatcherSide):
         self._set(node, bits)
         piggyback = (self.epoch, r, self.seen_seq[node], *bits)
         messages = NO_MESSAGES
-        if r > 1 and green_total >= self.green_needed and green_prev >= 1:
+        if self.unsettled:
+            pass  # the pools told of the last change of r have not all answered: the counts are guesses
+        elif r > 1 and green_total >= self.green_needed and green_prev >= 1:
             messages = self._move(r - 1)
         elif yellow <= 1 and green_total == 0:
             messages = self._move(r + 1)
@@ -168,6 +174,7 @@ class SLTADispatcher(DispatcherSide):
                 bits = self.th.after_epoch(i, r_old, r_new, self.bits[k])
                 self._set(k, bits)
                 out.append(Message("epoch", k, (self.epoch, r_new, self.seen_seq[k], *bits), self.index))
+        self.unsettled = {m.node for m in out}
         return tuple(out)
 
     def on_message(self, msg: Message) -> tuple[Message, ...]:
@@ -175,7 +182,10 @@ class SLTADispatcher(DispatcherSide):
             return super().on_message(msg)
         epoch, _r, seq, g, y = msg.data
         k = msg.node
-        if seq <= self.seen_seq[k]:
+        if msg.kind == "token_epoch" and epoch == self.epoch:
+            self.unsettled.discard(k)
+        answer = msg.kind == "token_epoch" and seq == self.seen_seq[k]  # an answer that changes nothing
+        if seq < self.seen_seq[k] or (seq == self.seen_seq[k] and not answer):
             self.stale_tokens += 1  # a duplicate, or overtaken by a later token of the same pool
             return NO_MESSAGES
         self.seen_seq[k] = seq
@@ -186,7 +196,11 @@ class SLTADispatcher(DispatcherSide):
         return NO_MESSAGES
 
     def gauges(self) -> dict[str, float]:
-        out = {"slta_r": float(self.r), "slta_yellow_tokens": float(len(self.yellow))}
+        out = {
+            "slta_r": float(self.r),
+            "slta_yellow_tokens": float(len(self.yellow)),
+            "slta_unanswered_epochs": float(len(self.unsettled)),
+        }
         ell = self.ranking.thresholds(self.r)
         for i, c in enumerate(self.exp.classes):
             out[f"slta_green_tokens:{c.name}"] = float(len(self.green[i]))
@@ -245,4 +259,7 @@ class SLTANode(NodeSide):
         if msg.kind != "epoch":
             return super().on_message(msg, x)
         self._adopt(msg.data, with_task=False)
-        return self._sync(x, "token_epoch", msg.dispatcher)
+        # always answer an epoch: the dispatcher learns again only once every pool it told has answered
+        return self._sync(x, "token_epoch", msg.dispatcher) or (
+            Message("token_epoch", self.node, (self.epoch, self.r, self.seq, *self.belief), msg.dispatcher),
+        )

@@ -25,7 +25,7 @@ from aiohttp import web
 
 from lbtestbed import wire
 from lbtestbed.distributions import BlockSampler
-from lbtestbed.policies import Message, NodeSide, make_node_sides
+from lbtestbed.policies import NODE_BOUND, Message, NodeSide, make_node_sides
 from lbtestbed.server_node.models import INF, NodeModel, make_node
 from lbtestbed.spec import Experiment, seed_sequence
 from lbtestbed.workload import Task
@@ -128,7 +128,8 @@ class NodeHost:
         self.scheduled.pop(k, None)
         fut = self.waiting.pop(task.id, None)
         msgs = self.sides[k].on_departure(model.x, task.origin)
-        if fut is not None and not fut.done():
+        # without an emulated delay, messages for the dispatcher that routed this task ride on its reply
+        if fut is not None and not fut.done() and self.delay is None:
             # messages for the dispatcher that routed this task ride on its reply, sent anyway
             ride = [m for m in msgs if m.dispatcher == task.origin]
             for m in ride:
@@ -136,6 +137,8 @@ class NodeHost:
                 self.piggybacked[m.kind] += 1
             fut.set_result((t, ride))
             msgs = tuple(m for m in msgs if m.dispatcher != task.origin)
+        elif fut is not None and not fut.done():
+            fut.set_result((t, []))
         self._send(msgs)
         self._schedule(k)
 
@@ -170,25 +173,22 @@ class NodeHost:
     # --------------------------------------------------------------------------------------- handlers
 
     def _node(self, request: web.Request) -> int:
-        try:
-            k = int(request.match_info["node"])
-        except ValueError:
-            raise web.HTTPNotFound(
-                text='{"error": "node ids are integers"}', content_type="application/json"
-            ) from None
+        k = int(request.match_info["node"])  # the route admits digits only
         if k not in self.sides:
             raise web.HTTPNotFound(text=f'{{"error": "no node {k} here"}}', content_type="application/json")
         return k
 
     async def post_task(self, request: web.Request) -> web.Response:
+        if not wire.authorized(request, self.token):
+            return wire.error(401, "missing or wrong token")
         k = self._node(request)
         try:
             body = await wire.read_json(request)
             work = wire.number(body, "work", positive=True)
             origin = wire.integer(body, "origin", 0)
-            piggyback = body.get("piggyback", [])
-            if not isinstance(piggyback, list) or len(piggyback) > 16:
-                raise wire.BadRequest("piggyback must be an array of at most 16 values", "piggyback")
+            piggyback = wire.small_tuple(body.get("piggyback", []), "piggyback")
+            if origin >= max(1, len(self.dispatchers)):
+                raise wire.BadRequest(f"no dispatcher {origin} in this cluster", "origin")
         except wire.BadRequest as e:
             return wire.error(e.status, str(e), e.field)
         model = self.models[k]
@@ -202,7 +202,11 @@ class NodeHost:
         self.waiting[task.id] = fut
         waited = model.arrive(task, t)
         self._schedule(k)
-        self._send(self.sides[k].on_arrival(model.x, origin, tuple(piggyback)))
+        try:
+            self._send(self.sides[k].on_arrival(model.x, origin, piggyback))
+        except (ValueError, TypeError, AssertionError) as e:  # the task is admitted and served regardless
+            self.send_failures["piggyback"] += 1
+            log.warning("node %d: bad piggyback %r: %s", k, piggyback, e)
         try:
             done, ride = await fut
         finally:
@@ -226,23 +230,32 @@ class NodeHost:
         k = self._node(request)
         try:
             body = await wire.read_json(request)
-            raw = body.get("messages")
-            if not isinstance(raw, list) or not raw or len(raw) > 64:
-                raise wire.BadRequest("messages must be an array of 1 to 64 messages", "messages")
-            msgs = [wire.message_from_json(m, f"messages[{i}]") for i, m in enumerate(raw)]
+            msgs = wire.parse_messages(body, NODE_BOUND[self.exp.policy.name])
         except wire.BadRequest as e:
             return wire.error(e.status, str(e), e.field)
-        for m in msgs:
+        for i, m in enumerate(msgs):
             if m.node != k:
-                return wire.error(400, f"message for node {m.node} posted to node {k}", "node")
-        for m in msgs:
-            self.received[m.kind] += 1
+                return wire.error(400, f"message for node {m.node} posted to node {k}", f"messages[{i}].node")
+        ride: list[Message] = []
+        for i, m in enumerate(msgs):
             try:
                 out = self.sides[k].on_message(m, self.models[k].x)
             except (ValueError, TypeError, AssertionError) as e:
-                return wire.error(400, f"{m.kind}: {e}", "kind")
+                return wire.error(
+                    400, f"{m.kind}: {e} ({i} of {len(msgs)} messages applied)", f"messages[{i}]"
+                )
+            self.received[m.kind] += 1
+            if self.delay is None:  # answers to the sender ride on this reply
+                ride.extend(a for a in out if a.dispatcher == m.dispatcher)
+                out = tuple(a for a in out if a.dispatcher != m.dispatcher)
             self._send(out)
-        return web.json_response({"ok": True})
+        for a in ride:
+            self.sent[a.kind] += 1
+            self.piggybacked[a.kind] += 1
+        reply: dict[str, Any] = {"ok": True, "applied": len(msgs)}
+        if ride:
+            reply["messages"] = [wire.message_to_json(a) for a in ride]
+        return web.json_response(reply)
 
     async def get_health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "nodes": self.ids, "model_time": self.now()})
@@ -260,9 +273,9 @@ class NodeHost:
 def build_app(host: NodeHost) -> web.Application:
     app = web.Application(client_max_size=wire.MAX_BODY)
     p = wire.PREFIX
-    app.router.add_post(p + "/nodes/{node}/tasks", host.post_task)
-    app.router.add_post(p + "/nodes/{node}/probe", host.post_probe)
-    app.router.add_post(p + "/nodes/{node}/messages", host.post_messages)
+    app.router.add_post(p + r"/nodes/{node:\d+}/tasks", host.post_task)
+    app.router.add_post(p + r"/nodes/{node:\d+}/probe", host.post_probe)
+    app.router.add_post(p + r"/nodes/{node:\d+}/messages", host.post_messages)
     app.router.add_get(p + "/health", host.get_health)
     from lbtestbed.server_node.metrics import registry_for  # the collector module imports this one
 
