@@ -215,14 +215,18 @@ class DispatcherHost:
             msgs = wire.parse_messages({"messages": raw}, self.accepts)
         except wire.BadRequest as e:
             self.rejected["reply"] += 1
-            log.warning("bad messages on a task reply: %s", e)
+            log.warning("bad messages on a reply: %s", e)
             return
         for m in msgs:
+            if not 0 <= m.node < self.exp.n:
+                self.rejected[m.kind] += 1
+                log.warning("rejected %s message from unknown node %d on a reply", m.kind, m.node)
+                continue
             try:
                 out = self.policy.on_message(m)
             except (ValueError, TypeError, AssertionError) as e:
                 self.rejected[m.kind] += 1
-                log.warning("rejected %s message on a task reply: %s", m.kind, e)
+                log.warning("rejected %s message on a reply: %s", m.kind, e)
                 continue
             self.received[m.kind] += 1
             self.piggybacked[m.kind] += 1
@@ -288,7 +292,7 @@ class _DispatcherCollector(Collector):
             ("lbtestbed_dispatcher_messages_received", "State messages received, by kind", h.received),
             (
                 "lbtestbed_dispatcher_messages_piggybacked",
-                "State messages received on a task's reply instead of a request of their own, by kind",
+                "State messages received on a reply to a task or a message instead of a request of their own",
                 h.piggybacked,
             ),
             (

@@ -44,6 +44,10 @@ from lbtestbed.spec import Experiment
 
 Bits = tuple[bool, bool]
 
+#: largest index a pool accepts from a dispatcher (r* is in the tens for the papers' settings; the ranking
+#: is built up to r, so an absurd r would stall the node)
+MAX_R = 100_000
+
 
 class Thresholds:
     """What pools and dispatcher both derive from the ranking: contexts, true bits, inference."""
@@ -235,8 +239,15 @@ class SLTANode(NodeSide):
 
     def _adopt(self, data: Sequence[object], with_task: bool) -> None:
         """Take the epoch, r and belief a dispatcher sent, unless something newer arrived first."""
+        if len(data) != 5:
+            raise ValueError(f"an SLTA belief is (epoch, r, seen, green, yellow), got {len(data)} values")
         epoch, r, seen, g, y = data
-        assert isinstance(epoch, int) and isinstance(r, int)
+        if not (isinstance(epoch, int) and isinstance(r, int) and isinstance(seen, int)) or isinstance(
+            r, bool
+        ):
+            raise ValueError("epoch, r and seen must be integers")
+        if not 1 <= r <= MAX_R or epoch < 0:
+            raise ValueError(f"r must lie in 1..{MAX_R} and the epoch must not be negative")
         if epoch < self.epoch:
             return  # overtaken by a later epoch message, whose belief already counts this one
         self.epoch, self.r = epoch, r

@@ -75,7 +75,7 @@ class NodeCollector(Collector):
             ("lbtestbed_node_messages_received", "State messages received, by kind", host.received),
             (
                 "lbtestbed_node_messages_piggybacked",
-                "State messages sent on a task's reply instead of a request of their own, by kind",
+                "State messages sent on a reply (to a task or a message) instead of a request of their own",
                 host.piggybacked,
             ),
             (
