@@ -285,7 +285,11 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    try:  # an exited process that nobody has reaped yet still answers signal 0
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except (OSError, IndexError):
+        return True
 
 
 def _signal(pid: int, sig: int) -> None:

@@ -545,7 +545,7 @@ def test_slta_increment_guesses_the_new_yellow_tokens() -> None:
     answers = world.to_dispatcher
     assert sorted(m.node for m in answers) == sorted(told) and {m.kind for m in answers} == {"token_epoch"}
     for m in answers:
-        assert tuple(m.data[3:]) == disp.bits[m.node]
+        assert tuple(m.data[3:5]) == disp.bits[m.node]  # (..., green, yellow, tasks)
     for k in range(8):
         assert disp.bits[k] == expected_bits(disp.ranking, world.exp.node_class[k], world.x[k], 6)
 
@@ -570,7 +570,7 @@ def test_slta_decrement_driven_by_departures() -> None:
     answers = world.to_dispatcher
     assert sorted(m.node for m in answers) == sorted(told) and {m.kind for m in answers} == {"token_epoch"}
     for m in answers:
-        assert tuple(m.data[3:]) == disp.bits[m.node]
+        assert tuple(m.data[3:5]) == disp.bits[m.node]  # (..., green, yellow, tasks)
     ranking = disp.ranking
     for k in range(8):
         assert disp.bits[k] == expected_bits(ranking, world.exp.node_class[k], world.x[k], 4)
@@ -1155,12 +1155,14 @@ def test_slta_learns_again_only_once_every_told_pool_has_answered() -> None:
         prime_keep = set(disp.unsettled)
         prime(disp, 4, green, set())
         disp.unsettled.update(prime_keep)
-        answer = Message("token_epoch", k, (disp.epoch, 4, disp.seen_seq[k], True, False), 0)
+        answer = Message("token_epoch", k, (disp.epoch, 4, disp.seen_seq[k], True, False, world.x[k]), 0)
         disp.on_message(answer)
         disp.dispatch()
         assert disp.r == 4, f"r moved while pools {sorted(disp.unsettled)} had not answered"
     last = told[-1]
-    disp.on_message(Message("token_epoch", last, (disp.epoch, 4, disp.seen_seq[last], True, False), 0))
+    disp.on_message(
+        Message("token_epoch", last, (disp.epoch, 4, disp.seen_seq[last], True, False, world.x[last]), 0)
+    )
     assert not disp.unsettled
     prime(disp, 4, green, set())
     disp.dispatch()

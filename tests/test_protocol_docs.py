@@ -394,7 +394,12 @@ async def test_live_answers_follow_the_documents(doc: dict[str, Any]) -> None:
             assert (await call(disp, "POST", messages, token=TOKEN, raw=big))[0] == 413
 
             # a message the policy refuses stops the batch and says how many were applied
-            token_ok = {"kind": "token_arrival", "node": 0, "dispatcher": 0, "data": [0, 1, 1, False, True]}
+            token_ok = {
+                "kind": "token_arrival",
+                "node": 0,
+                "dispatcher": 0,
+                "data": [0, 1, 1, False, True, 0],
+            }
             batch = {"messages": [token_ok, {**token_ok, "data": [0, 1, 2]}]}
             status, reply = await call(slta_disp, "POST", messages, token=TOKEN, body=batch)
             assert (status, reply["field"]) == (400, "messages[1]")
@@ -403,12 +408,13 @@ async def test_live_answers_follow_the_documents(doc: dict[str, Any]) -> None:
             assert slta_dispatcher.rejected["token_arrival"] == 1
 
             # state messages to a node: an SLTA epoch that agrees with the idle pool's true bits is
-            # answered all the same, on the reply, with the unchanged bits and the pool's last seq (none: 0)
+            # answered all the same, on the reply, with the unchanged bits, the pool's last seq (none: 0) and
+            # its task count (0)
             bits = Thresholds(ranking_of(slta)).true_bits(0, 0, 1)
             epoch = {"messages": [{"kind": "epoch", "node": 1, "dispatcher": 0, "data": [1, 1, 0, *bits]}]}
             one = "/v1/nodes/1/messages"
             status, reply = await call(slta_nodes, "POST", node_messages, one, token=TOKEN, body=epoch)
-            answer = {"kind": "token_epoch", "node": 1, "dispatcher": 0, "data": [1, 1, 0, *bits]}
+            answer = {"kind": "token_epoch", "node": 1, "dispatcher": 0, "data": [1, 1, 0, *bits, 0]}
             assert (status, reply) == (200, {"ok": True, "applied": 1, "messages": [answer]})
             assert (await call(slta_nodes, "POST", node_messages, one, body=epoch))[0] == 401
             other = "/v1/nodes/0/messages"

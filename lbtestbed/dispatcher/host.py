@@ -153,6 +153,8 @@ class DispatcherHost:
         finally:
             self.in_flight -= 1
             self.policy.on_task_done(route.node)
+        if status != 200:
+            self.policy.on_task_failed(route.node)
         if status == 200:
             self._apply_riders(reply.pop("messages", None))
             self.outcomes["completed"] += 1

@@ -74,6 +74,9 @@ class DispatcherSide:
     def on_task_done(self, node: int) -> None:
         """The completion of a task this dispatcher routed to ``node`` passed back through it."""
 
+    def on_task_failed(self, node: int) -> None:
+        """The task routed to ``node`` never ran there (refused, or lost with the node): undo its count."""
+
     def gauges(self) -> dict[str, float]:
         """Policy state worth exporting (token counts, thresholds)."""
         return {}

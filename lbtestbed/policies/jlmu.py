@@ -56,6 +56,9 @@ class JLMUDispatcher(DispatcherSide):
         self.classes[self.node_class[msg.node]].decrement(msg.node)
         return NO_MESSAGES
 
+    def on_task_failed(self, node: int) -> None:
+        self.classes[self.node_class[node]].decrement(node)  # no departure notice will come for it
+
     def gauges(self) -> dict[str, float]:
         return {
             f"min_occupancy_{self.exp.classes[i].name}": float(lv.min_level)

@@ -47,6 +47,9 @@ class JSQDispatcher(DispatcherSide):
         self.levels.decrement(msg.node)
         return NO_MESSAGES
 
+    def on_task_failed(self, node: int) -> None:
+        self.levels.decrement(node)  # no departure notice will come for it
+
     def gauges(self) -> dict[str, float]:
         return {"idle_nodes": float(len(self.levels.buckets[0]))}
 

@@ -23,8 +23,10 @@ ones makes each change of r damp the condition that caused it. With exact delive
 dispatcher state; this one also sends fewer corrections near r*, where most pools of the next class sit
 exactly at the new yellow level.
 
-Every change of r starts a new epoch. TOKENs carry the pool's epoch and a sequence number; the dispatcher
-drops a token older than the last change of that class's thresholds, or older than one it has applied.
+Every change of r starts a new epoch. TOKENs carry the pool's epoch, a sequence number and its number of
+tasks; the dispatcher drops a token older than one it has applied, and reads a token computed under
+thresholds that have changed since from its task count (dropping it instead let every correction go stale
+while r moved, and r ran away in a loopback cluster).
 A pool answers every EPOCH (with a correction, or with its unchanged bits), and the dispatcher does not
 apply the learning rule again until every pool it told has answered: r moves on settled counts, never on
 its own guesses. With exact delivery the answers arrive at once and the rule is the paper's.
@@ -110,6 +112,7 @@ class SLTADispatcher(DispatcherSide):
         self.bits: list[Bits] = [(False, False)] * self.n
         self.seen_seq = [0] * self.n
         self.stale_tokens = 0
+        self.translated_tokens = 0
         self.unsettled: set[int] = set()  # pools told of the current epoch that have not answered
         for k in range(self.n):  # the system starts empty with r = 1
             self._set(k, self.th.true_bits(self.node_class[k], 0, 1))
@@ -156,11 +159,12 @@ class SLTADispatcher(DispatcherSide):
         self._set(node, bits)
         piggyback = (self.epoch, r, self.seen_seq[node], *bits)
         messages = NO_MESSAGES
-        if self.unsettled:
+        if self.unsettled and (green_total or yellow):
             pass  # the pools told of the last change of r have not all answered: the counts are guesses
         elif r > 1 and green_total >= self.green_needed and green_prev >= 1:
             messages = self._move(r - 1)
         elif yellow <= 1 and green_total == 0:
+            # also while unsettled once no token at all is left: waiting would route every task at random
             messages = self._move(r + 1)
         return Route(node, outcome, messages, piggyback)
 
@@ -184,7 +188,11 @@ class SLTADispatcher(DispatcherSide):
     def on_message(self, msg: Message) -> tuple[Message, ...]:
         if not msg.kind.startswith("token_"):
             return super().on_message(msg)
-        epoch, _r, seq, g, y = msg.data
+        if len(msg.data) != 6:
+            raise ValueError(
+                f"an SLTA token is (epoch, r, seq, green, yellow, tasks), got {len(msg.data)} values"
+            )
+        epoch, _r, seq, g, y, x = msg.data
         k = msg.node
         if msg.kind == "token_epoch" and epoch == self.epoch:
             self.unsettled.discard(k)
@@ -193,10 +201,13 @@ class SLTADispatcher(DispatcherSide):
             self.stale_tokens += 1  # a duplicate, or overtaken by a later token of the same pool
             return NO_MESSAGES
         self.seen_seq[k] = seq
-        if epoch < self.class_changed[self.node_class[k]]:
-            self.stale_tokens += 1  # computed under thresholds that have changed since; an EPOCH resyncs
-            return NO_MESSAGES
-        self._set(k, (g, y))
+        cls = self.node_class[k]
+        if epoch < self.class_changed[cls]:
+            # computed under thresholds that have changed since: the pool's task count gives its bits now
+            self.translated_tokens += 1
+            self._set(k, self.th.true_bits(cls, int(x), self.r))
+        else:
+            self._set(k, (g, y))
         return NO_MESSAGES
 
     def gauges(self) -> dict[str, float]:
@@ -235,7 +246,7 @@ class SLTANode(NodeSide):
             return NO_MESSAGES
         self.seq += 1
         self.belief = self.sent = bits
-        return (Message(kind, self.node, (self.epoch, self.r, self.seq, *bits), to),)
+        return (Message(kind, self.node, (self.epoch, self.r, self.seq, *bits, x), to),)
 
     def _adopt(self, data: Sequence[object], with_task: bool) -> None:
         """Take the epoch, r and belief a dispatcher sent, unless something newer arrived first."""
@@ -272,5 +283,7 @@ class SLTANode(NodeSide):
         self._adopt(msg.data, with_task=False)
         # always answer an epoch: the dispatcher learns again only once every pool it told has answered
         return self._sync(x, "token_epoch", msg.dispatcher) or (
-            Message("token_epoch", self.node, (self.epoch, self.r, self.seq, *self.belief), msg.dispatcher),
+            Message(
+                "token_epoch", self.node, (self.epoch, self.r, self.seq, *self.belief, x), msg.dispatcher
+            ),
         )

@@ -123,8 +123,28 @@ class NodeHost:
         if early > EARLY_WAKE:
             self.timers[k] = self.loop.call_later(early, self._fire, k, t)
             return
+        self._complete(k, t)
+        self._schedule(k)
+
+    def _catch_up(self, k: int, now: float) -> None:
+        """Complete every task of node k that is due by ``now`` but whose timer has not fired yet.
+
+        Called before an arrival, a probe or a scrape at node k, so that events apply in model-time order:
+        a timer that fires late must not let a later arrival overtake the completion it stands for.
+        """
         model = self.models[k]
-        task = model.complete(max(t, model.last))  # the scheduled model time: service is exact
+        while model.next_completion() <= now:
+            t = model.next_completion()
+            handle = self.timers.pop(k, None)
+            if handle is not None:
+                handle.cancel()
+            self._complete(k, t)
+        self._schedule(k)
+
+    def _complete(self, k: int, t: float) -> None:
+        """The departure scheduled at model time t: exactly then, whenever the timer ran."""
+        model = self.models[k]
+        task = model.complete(max(t, model.last))
         self.scheduled.pop(k, None)
         fut = self.waiting.pop(task.id, None)
         msgs = self.sides[k].on_departure(model.x, task.origin)
@@ -140,7 +160,6 @@ class NodeHost:
         elif fut is not None and not fut.done():
             fut.set_result((t, []))
         self._send(msgs)
-        self._schedule(k)
 
     # --------------------------------------------------------------------------------------- messages
 
@@ -192,11 +211,12 @@ class NodeHost:
         except wire.BadRequest as e:
             return wire.error(e.status, str(e), e.field)
         model = self.models[k]
+        assert self.loop is not None
+        t = max(self.now(), model.last)
+        self._catch_up(k, t)  # departures due by now come first, so they may free a place
         if model.x >= self.max_tasks:
             self.refused[k] += 1
             return wire.error(503, f"node {k} holds its limit of {self.max_tasks} tasks")
-        assert self.loop is not None
-        t = max(self.now(), model.last)
         task = Task(next(self.task_ids), work, t, origin)
         fut: asyncio.Future[tuple[float, list[Message]]] = self.loop.create_future()
         self.waiting[task.id] = fut
@@ -220,6 +240,7 @@ class NodeHost:
         if not wire.authorized(request, self.token):
             return wire.error(401, "missing or wrong token")
         k = self._node(request)
+        self._catch_up(k, max(self.now(), self.models[k].last))
         self.received["probe"] += 1
         self.sent["probe_reply"] += 1
         return web.json_response({"node": k, "x": self.sides[k].probe_reply(self.models[k].x)})
@@ -265,6 +286,7 @@ class NodeHost:
         t = self.now()
         out = {}
         for k, m in self.models.items():
+            self._catch_up(k, max(t, m.last))
             m.advance(max(t, m.last))
             out[k] = m
         return {"time": t, "models": out}
