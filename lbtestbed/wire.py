@@ -133,3 +133,17 @@ def metrics_handler(registry: Any) -> Any:
         return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     return handle
+
+
+def run_with(app: web.Application, host: Any) -> web.Application:
+    """Start ``host`` (its async ``start``) with the app and stop it (``stop``) when the app shuts down."""
+
+    async def on_startup(_: web.Application) -> None:
+        await host.start()
+
+    async def on_cleanup(_: web.Application) -> None:
+        await host.stop()
+
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    return app

@@ -31,9 +31,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from lbtestbed.analysis.pools import pool_optimum
 from lbtestbed.analysis.result import Result, summarize
 from lbtestbed.analysis.simulator import RawRun, simulate_once
+from lbtestbed.analysis.theory.pools import pool_optimum
 from lbtestbed.spec import Experiment, parse_spec
 
 ROOT = Path(__file__).resolve().parents[1]

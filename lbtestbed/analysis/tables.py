@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lbtestbed.analysis.result import Result
+from lbtestbed.analysis.result import METRICS, Result
 from lbtestbed.spec import Experiment
 
 
@@ -23,20 +23,8 @@ def render(result: Result) -> str:
     """The result as aligned text: headline metrics, messages by kind, occupancy tails."""
     m = result.metrics
     rows: list[list[str]] = [["metric", "value", "95% CI"]]
-    for key in (
-        "mean_sojourn",
-        "sojourn_p50",
-        "sojourn_p99",
-        "mean_tasks_per_node",
-        "tasks_in_system",
-        "utility",
-        "wait_probability",
-        "idle_capacity",
-        "idle_nodes",
-        "messages_per_task",
-        "slta_r",
-    ):
-        if m[key].get("value") is not None:
+    for key in METRICS:
+        if key != "occupancy_tail" and m[key].get("value") is not None:
             rows.append(_row(key, m[key]))
     if m["tasks_in_system"].get("variance", {}).get("value") is not None:
         rows.append(_row("  variance of tasks in system", m["tasks_in_system"]["variance"]))

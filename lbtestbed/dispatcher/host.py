@@ -330,13 +330,4 @@ def build_app(host: DispatcherHost) -> web.Application:
     app.router.add_post(wire.PREFIX + "/messages", host.post_messages)
     app.router.add_get(wire.PREFIX + "/health", host.get_health)
     app.router.add_get("/metrics", wire.metrics_handler(host.registry))
-
-    async def on_startup(_: web.Application) -> None:
-        await host.start()
-
-    async def on_cleanup(_: web.Application) -> None:
-        await host.stop()
-
-    app.on_startup.append(on_startup)
-    app.on_cleanup.append(on_cleanup)
-    return app
+    return wire.run_with(app, host)

@@ -302,13 +302,4 @@ def build_app(host: NodeHost) -> web.Application:
     from lbtestbed.server_node.metrics import registry_for  # the collector module imports this one
 
     app.router.add_get("/metrics", wire.metrics_handler(registry_for(host)))
-
-    async def on_startup(_: web.Application) -> None:
-        await host.start()
-
-    async def on_cleanup(_: web.Application) -> None:
-        await host.stop()
-
-    app.on_startup.append(on_startup)
-    app.on_cleanup.append(on_cleanup)
-    return app
+    return wire.run_with(app, host)
