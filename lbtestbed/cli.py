@@ -198,6 +198,17 @@ def cmd_load(args: argparse.Namespace) -> int:
     return EXIT_OK if report.outcomes["completed"] == len(tasks) else EXIT_FAILED
 
 
+def _add_overrides(parser: argparse.ArgumentParser) -> None:
+    """``--set``, the same for every command that reads a spec."""
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a spec value, e.g. --set workload.load=0.8 --set classes[0].count=20",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lbt",
@@ -227,13 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="J",
         help="processes for replications (default: the number of cores)",
     )
-    sim.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a spec value, e.g. --set workload.load=0.8 --set classes[0].count=20",
-    )
+    _add_overrides(sim)
     sim.add_argument("--quiet", action="store_true", help="no progress on stderr")
     sim.set_defaults(func=cmd_simulate)
 
@@ -251,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also the JLMU fluid trajectory from an empty system and the warm-up it needs (pools)",
     )
-    pre.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec value")
+    _add_overrides(pre)
     pre.set_defaults(func=cmd_predict)
 
     clu = sub.add_parser(
@@ -280,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="tasks a node holds before it refuses with 503 (default 100000)",
     )
-    clu.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec value")
+    _add_overrides(clu)
     clu.add_argument("--json", action="store_true", help="print the processes as JSON")
     clu.add_argument("--foreground", action="store_true", help="stay until Ctrl-C, then stop the cluster")
     clu.set_defaults(func=cmd_cluster)
@@ -319,7 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="drop (and count) a task when N are outstanding (default 10000)",
     )
-    load.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec value")
+    _add_overrides(load)
     load.add_argument("--json", action="store_true", help="print the summary as JSON")
     load.add_argument("--quiet", action="store_true", help="no progress on stderr")
     load.set_defaults(func=cmd_load)

@@ -147,3 +147,22 @@ def run_with(app: web.Application, host: Any) -> web.Application:
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
     return app
+
+
+def counters_by_kind(name: str, doc: str, counts: Mapping[str, int]) -> Any:
+    """A counter family with one series per message kind (kinds are checked per policy: bounded)."""
+    from prometheus_client.core import CounterMetricFamily
+
+    family = CounterMetricFamily(name, doc, labels=["kind"])
+    for kind, value in sorted(counts.items()):
+        family.add_metric([kind], value)
+    return family
+
+
+def time_scale_gauge(scale: float) -> Any:
+    """``lbtestbed_time_scale``: every process exports it so that dashboards can convert model seconds."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    gauge = GaugeMetricFamily("lbtestbed_time_scale", "Wall seconds per model second")
+    gauge.add_metric([], scale)
+    return gauge

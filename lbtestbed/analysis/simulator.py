@@ -13,7 +13,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-import random
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -34,7 +33,7 @@ from lbtestbed.policies import (
 )
 from lbtestbed.policies.slta import SLTADispatcher
 from lbtestbed.server_node.models import NodeModel, make_node
-from lbtestbed.spec import Experiment, seed_sequence
+from lbtestbed.spec import Experiment, seed_sequence, seeded_random
 from lbtestbed.workload import PoissonWorkload, Task
 
 INF = math.inf
@@ -88,7 +87,7 @@ class Simulator:
         self.exp = exp
         self.progress = progress
         self.workload = PoissonWorkload(exp, replication)
-        policy_rng = random.Random(int(seed_sequence(exp.seed, "policy", replication).generate_state(1)[0]))
+        policy_rng = seeded_random(exp.seed, "policy", replication)
         self.dispatcher = make_dispatcher(exp, policy_rng)
         self.sides = make_node_sides(exp, policy_rng)
         self.nodes: list[NodeModel] = [

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -28,7 +27,7 @@ from prometheus_client.registry import Collector
 from lbtestbed import wire
 from lbtestbed.distributions import BlockSampler
 from lbtestbed.policies import DISPATCHER_BOUND, Message, Probe, Route, make_dispatcher
-from lbtestbed.spec import Experiment, seed_sequence
+from lbtestbed.spec import Experiment, seed_sequence, seeded_random
 
 log = logging.getLogger("lbtestbed.dispatcher")
 
@@ -54,7 +53,7 @@ class DispatcherHost:
         self.scale = exp.run.time_scale
         self.max_work = wire.MAX_WORK_MEANS * exp.workload.service.mean
         self.accepts = DISPATCHER_BOUND[exp.policy.name]
-        rng = random.Random(int(seed_sequence(exp.seed, "policy", 1000 + index).generate_state(1)[0]))
+        rng = seeded_random(exp.seed, "policy", 1000 + index)
         self.policy = make_dispatcher(exp, rng, index, dispatchers)
         self.delay = None
         if exp.network.delay is not None:
@@ -304,10 +303,7 @@ class _DispatcherCollector(Collector):
             ),
             ("lbtestbed_dispatcher_messages_rejected", "State messages received and refused", h.rejected),
         ):
-            fam = CounterMetricFamily(name, doc, labels=["kind"])
-            for kind, v in sorted(counts.items()):
-                fam.add_metric([kind], v)
-            yield fam
+            yield wire.counters_by_kind(name, doc, counts)
         in_flight = GaugeMetricFamily("lbtestbed_dispatcher_tasks_in_flight", "Tasks forwarded and not done")
         in_flight.add_metric([], h.in_flight)
         yield in_flight
@@ -319,9 +315,7 @@ class _DispatcherCollector(Collector):
         for quantity, amount in sorted(h.policy.gauges().items()):
             state.add_metric([quantity], amount)
         yield state
-        scale = GaugeMetricFamily("lbtestbed_time_scale", "Wall seconds per model second")
-        scale.add_metric([], h.scale)
-        yield scale
+        yield wire.time_scale_gauge(h.scale)
 
 
 def build_app(host: DispatcherHost) -> web.Application:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import random
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -27,7 +26,7 @@ from lbtestbed import wire
 from lbtestbed.distributions import BlockSampler
 from lbtestbed.policies import NODE_BOUND, Message, NodeSide, make_node_sides
 from lbtestbed.server_node.models import INF, NodeModel, make_node
-from lbtestbed.spec import Experiment, seed_sequence
+from lbtestbed.spec import Experiment, seed_sequence, seeded_random
 from lbtestbed.workload import Task
 
 log = logging.getLogger("lbtestbed.server_node")
@@ -52,7 +51,7 @@ class NodeHost:
         self.token = token
         self.max_tasks = max_tasks
         self.scale = exp.run.time_scale
-        rng = random.Random(int(seed_sequence(exp.seed, "nodes", self.ids[0]).generate_state(1)[0]))
+        rng = seeded_random(exp.seed, "nodes", self.ids[0])
         self.sides: dict[int, NodeSide] = dict(
             zip(self.ids, make_node_sides(exp, rng, self.ids, max(1, len(dispatchers))), strict=True)
         )

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from lbtestbed import wire
 from lbtestbed.server_node.host import NodeHost
 
 
@@ -67,9 +68,7 @@ class NodeCollector(Collector):
         clock = CounterMetricFamily("lbtestbed_node_model_seconds", "Model time since the process started")
         clock.add_metric([], snap["time"])
         yield clock
-        scale = GaugeMetricFamily("lbtestbed_time_scale", "Wall seconds per model second")
-        scale.add_metric([], host.scale)
-        yield scale
+        yield wire.time_scale_gauge(host.scale)
         for name, doc, counts in (
             ("lbtestbed_node_messages_sent", "State messages sent, by kind", host.sent),
             ("lbtestbed_node_messages_received", "State messages received, by kind", host.received),
@@ -84,10 +83,7 @@ class NodeCollector(Collector):
                 host.send_failures,
             ),
         ):
-            fam = CounterMetricFamily(name, doc, labels=["kind"])
-            for kind, v in sorted(counts.items()):
-                fam.add_metric([kind], v)
-            yield fam
+            yield wire.counters_by_kind(name, doc, counts)
 
 
 def registry_for(host: NodeHost) -> CollectorRegistry:
