@@ -614,6 +614,84 @@ def test_delayed_slta_keeps_r_near_r_star() -> None:
     assert max(r) <= 2 * r_star
 
 
+# SLTA under delay (issue 4). The dispatcher's picture of a pool is the tasks it sent there less the
+# departures the pool has reported, so a task stays in the picture for one report delay after it leaves: the
+# picture is the paper's SLTA on tasks that last one delay longer, and r settles near r* of the load
+# rho (1 + delay / mean work) (jlmu_slta.md §3 applied to that load, computed here by greedy_bound).
+# JLMU's dispatcher counts the same way from its departure notices, so with the same delay it sees what
+# SLTA's sees; at n = 400 the two agree within noise with exact delivery (jlmu_slta.md §8.4: 9.17238 +-
+# 0.00182 and 9.17158 +- 0.00151), so with a delay they must agree too.
+
+
+def delayed_slta_and_jlmu(delay: float, **keys: Any) -> dict[str, tuple[Experiment, RawRun, Result]]:
+    """SLTA (beta_scale 1) and JLMU on the same spec and tasks, every message delayed by ``delay``."""
+    out = {}
+    for policy, extra in (("slta", {"beta_scale": 1.0}), ("jlmu", {})):
+        spec = pool_spec(policy, **keys, **extra)
+        spec["network"] = {"delay": {"dist": "deterministic", "mean": delay}}
+        exp, raws, res = simulate(spec)
+        out[policy] = (exp, raws[0], res)
+    return out
+
+
+def check_like_jlmu(runs: dict[str, tuple[Experiment, RawRun, Result]], label: str) -> None:
+    """SLTA's utility within K ci95 (of the difference, the two estimates taken as independent) of JLMU's;
+    no task routed at random (Remark 1 holds for the picture); never above the pathwise bound."""
+    (exp, raw, res), (_, _, jlmu) = runs["slta"], runs["jlmu"]
+    u, v = res.metrics["utility"], jlmu.metrics["utility"]
+    ci = math.hypot(u["ci95"], v["ci95"])
+    print(f"{label}: slta {u['value']:.5f} ± {u['ci95']:.2g}, jlmu {v['value']:.5f} ± {v['ci95']:.2g}")
+    assert 0 < u["ci95"] < 0.1 and 0 < v["ci95"] < 0.1
+    assert abs(u["value"] - v["value"]) <= K * ci, f"{label}: {(u['value'] - v['value']) / ci:+.2f} ci95"
+    decisions = res.extras["decisions"]
+    assert set(decisions) <= {"green_other", "green_prev", "yellow"}, decisions
+    assert sum(decisions.values()) == arrivals_in_window(raw)
+    check_pathwise_bound(exp, raw, label)
+
+
+#: share of the window SLTA's r may spend more than 2 ranks from r* of the delayed load, n = 40 and a delay
+#: of 1/4 of the mean work. A 16-seed sweep spent 0-1.8 % there (r over r*-1 .. r*+3 of that load, as the
+#: notes' §8.3 item 10 describes for small n with exact delivery); the earlier rule (used green tokens
+#: assumed gone until the pool answered) spent 55-98 %, with r climbing to r* + 19 and 1 % of the tasks
+#: routed at random.
+FAR_FROM_R_STAR_MAX = 0.1
+
+
+def test_slta_with_a_long_delay_learns_like_jlmu() -> None:
+    """40 pools, rho = 5 (about 50 arrivals per round trip of 2 x 0.25 mean works)."""
+    delay = 0.25
+    runs = delayed_slta_and_jlmu(delay, warmup=5, duration=100, seed=3)
+    r_star = greedy_bound(5.0 * (1 + delay))[1]
+    assert r_star == 13 and greedy_bound(5.0)[1] == 11
+    fractions = runs["slta"][2].metrics["slta_r"]["time_fraction"]
+    far = sum(share for r, share in fractions.items() if abs(int(r) - r_star) > 2)
+    print(f"long delay: r {fractions}, {far:.3f} of the time more than 2 from {r_star}")
+    assert far <= FAR_FROM_R_STAR_MAX
+    check_like_jlmu(runs, "slta, n = 40, delay 0.25")
+
+
+# Threshold for the share of time at r* of the delayed load, as SLTA_R_STAR_MIN_FRACTION above: an 8-seed
+# sweep of this design gave 0.68-0.94 (mean 0.81) at r* = 22 and the rest at 21 or 23; the earlier rule gave
+# 0.29 at 22 (0.71 at 23), 106 tasks routed at random and a utility 0.074 below JLMU's (25 ci95).
+DELAYED_R_STAR_MIN_FRACTION = 0.5
+
+
+@pytest.mark.slow
+def test_delayed_slta_n400_learns_like_jlmu() -> None:
+    """Table 1 setting at n = 400, rho = 9.75, every message delayed by 0.1 mean works (~390 arrivals per
+    round trip): r settles at r* of the load 9.75 x 1.1 = 10.725, which is 22 (r* = 20 without delay), and
+    the utility is JLMU's with the same delay."""
+    delay = 0.1
+    runs = delayed_slta_and_jlmu(delay, per_class=200, load=9.75, warmup=10, duration=30, seed=6)
+    r_star = greedy_bound(9.75 * (1 + delay))[1]
+    assert r_star == 22
+    fractions = runs["slta"][2].metrics["slta_r"]["time_fraction"]
+    print(f"delayed slta n=400: time fraction at r {fractions}")
+    assert fractions.get(str(r_star), 0.0) > DELAYED_R_STAR_MIN_FRACTION
+    assert all(abs(int(r) - r_star) <= 3 for r in fractions)
+    check_like_jlmu(runs, "slta, n = 400, delay 0.1")
+
+
 # ----------------------------------------------------------------------------- 9. replications via CLI
 
 CLI_SPEC = """
