@@ -38,6 +38,9 @@ POLICIES = (
 )
 TIE_BREAKS = ("random", "fastest", "slowest", "longest_idle", "fastest_idle")
 UTILITY_POLICIES = ("jlmu", "slta")
+#: nodes per class: far above what a simulation or a cluster can hold, low enough to fail with a message
+#: rather than run out of memory building per-node tables
+MAX_NODES = 10_000_000
 
 # Policy keys each policy accepts beside ``name``; a key given to a policy that ignores it is an error,
 # because a user who writes it expects it to act.
@@ -60,7 +63,9 @@ class SpecError(ValueError):
 
     def __init__(self, source: str, key: str, message: str) -> None:
         self.source, self.key, self.message = source, key, message
-        super().__init__(f"{source}: {key}: {message}" if key else f"{source}: {message}")
+        text = f"{source}: {key}: {message}" if key else f"{source}: {message}"
+        # one line whatever the file holds: a quoted TOML key may contain a newline
+        super().__init__(text.replace("\r", "\\r").replace("\n", "\\n"))
 
 
 @dataclass(frozen=True)
@@ -194,12 +199,16 @@ class _Reader:
             raise self.fail(name, f"must be one of {', '.join(choices)}, got {v!r}")
         return v
 
-    def integer(self, name: str, default: int | None = None, minimum: int | None = None) -> int:
+    def integer(
+        self, name: str, default: int | None = None, minimum: int | None = None, maximum: int | None = None
+    ) -> int:
         v = self.require(name) if default is None else self.get(name, default)
         if isinstance(v, bool) or not isinstance(v, int):
             raise self.fail(name, f"must be an integer, got {_show(v)}")
         if minimum is not None and v < minimum:
             raise self.fail(name, f"must be at least {minimum}, got {v}")
+        if maximum is not None and v > maximum:
+            raise self.fail(name, f"must be at most {maximum:,}, got {_show(v)}")
         return v
 
     def number(self, name: str, default: float | None = None, positive: bool = True) -> float:
@@ -308,7 +317,7 @@ def _parse_class(r: _Reader) -> NodeClass:
     r.check_keys(("name", "count", "discipline", "speed", "utility"))
     return NodeClass(
         name=r.string("name"),
-        count=r.integer("count", minimum=1),
+        count=r.integer("count", minimum=1, maximum=MAX_NODES),
         discipline=r.string("discipline", choices=DISCIPLINES),
         speed=_parse_speed(r),
         utility=_parse_utility(r),
@@ -474,6 +483,8 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str], source: str)
         if "=" not in item:
             raise SpecError(source, item, "an override reads key.path=value")
         path, _, text = item.partition("=")
+        if not [p for p in re.split(r"\.|\[(\d+)\]", path.strip()) if p]:
+            raise SpecError(source, item, "an override needs a key path before '='")
         try:
             value: Any = tomllib.loads(f"v = {text}")["v"]
         except tomllib.TOMLDecodeError:
@@ -495,6 +506,12 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str], source: str)
                 node[key] = value
             else:
                 node = node[key]
+        if parts == ["policy", "name"] and isinstance(value, str) and value in POLICY_KEYS:
+            # switching policy drops the old one's parameters that the new one does not take, so that
+            # a sweep over policies needs no per-policy file; the new policy's own defaults apply
+            table = data["policy"]
+            for k in [k for k in table if k != "name" and k not in POLICY_KEYS[value]]:
+                del table[k]
     return data
 
 

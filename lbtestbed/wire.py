@@ -9,11 +9,13 @@ JSON too: ``{"error": "...", "field": "..."}`` with status 400 (malformed), 401 
 from __future__ import annotations
 
 import hmac
+import json
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from aiohttp import web
+from aiohttp import ClientPayloadError, web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from lbtestbed.policies.base import Message
 
@@ -22,6 +24,7 @@ PREFIX = f"/{VERSION}"
 MAX_BODY = 64 * 1024  # bytes; a task or a state message is well under 1 KiB
 MAX_WORK_MEANS = 1e4  # a task's work may be at most this many times the spec's mean work
 AUTH_HEADER = "Authorization"
+MAX_SAFE_INTEGER = 2**53  # integers beyond this are not exact as floats; JSON peers (JavaScript) agree
 
 
 class BadRequest(Exception):
@@ -52,10 +55,17 @@ def authorized(request: web.Request, token: str) -> bool:
 async def read_json(request: web.Request) -> Mapping[str, Any]:
     """The request's JSON object, or BadRequest naming what is wrong."""
     try:
-        body = await request.json()
+        raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise BadRequest(f"body larger than {MAX_BODY} bytes", status=413) from None
-    except (ValueError, UnicodeDecodeError):
+    except (web.RequestPayloadError, HttpProcessingError, ClientPayloadError, ConnectionError) as e:
+        # a body that does not inflate as its Content-Encoding says, or a client that left mid-body
+        raise BadRequest(f"body could not be read: {type(e).__name__}") from None
+    try:
+        body = json.loads(raw.decode(request.charset or "utf-8"))
+    except LookupError:
+        raise BadRequest(f"unknown charset {request.charset!r}") from None
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: absurdly deep nesting
         raise BadRequest("body is not valid JSON") from None
     if not isinstance(body, dict):
         raise BadRequest("body must be a JSON object")
@@ -68,7 +78,7 @@ def number(
     v = body.get(field, default)
     if v is None:
         raise BadRequest(f"missing field {field!r}", field)
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+    if isinstance(v, bool) or not isinstance(v, int | float) or not _finite(v):
         raise BadRequest(f"{field} must be a finite number", field)
     if positive and v <= 0:
         raise BadRequest(f"{field} must be positive", field)
@@ -77,12 +87,19 @@ def number(
     return float(v)
 
 
-def integer(body: Mapping[str, Any], field: str, default: int | None = None) -> int:
+def _finite(v: int | float) -> bool:
+    """Finite and representable as a float (JSON admits integers of any size)."""
+    return abs(v) <= MAX_SAFE_INTEGER if isinstance(v, int) else math.isfinite(v)
+
+
+def integer(body: Mapping[str, Any], field: str, default: int | None = None, where: str = "") -> int:
+    """A non-negative integer field; ``where`` is the path of ``body`` in the request, for the error."""
+    path = f"{where}.{field}" if where else field
     v = body.get(field, default)
     if v is None:
-        raise BadRequest(f"missing field {field!r}", field)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise BadRequest(f"{field} must be a non-negative integer", field)
+        raise BadRequest(f"missing field {path!r}", path)
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_SAFE_INTEGER:
+        raise BadRequest(f"{path} must be an integer from 0 to 2^53", path)
     return v
 
 
@@ -97,7 +114,7 @@ def message_from_json(obj: Any, where: str = "message") -> Message:
     if not isinstance(kind, str) or not kind or len(kind) > 64:
         raise BadRequest(f"{where}.kind must be a short string", f"{where}.kind")
     data = small_tuple(obj.get("data", []), f"{where}.data")
-    return Message(kind, integer(obj, "node"), data, integer(obj, "dispatcher", 0))
+    return Message(kind, integer(obj, "node", where=where), data, integer(obj, "dispatcher", 0, where))
 
 
 def small_tuple(v: Any, field: str) -> tuple[Any, ...]:
@@ -105,8 +122,8 @@ def small_tuple(v: Any, field: str) -> tuple[Any, ...]:
     if not isinstance(v, list) or len(v) > 16:
         raise BadRequest(f"{field} must be an array of at most 16 values", field)
     for x in v:
-        if not isinstance(x, bool | int | float) or (isinstance(x, float) and not math.isfinite(x)):
-            raise BadRequest(f"{field} holds numbers and booleans only", field)
+        if not isinstance(x, bool | int | float) or not _finite(x):
+            raise BadRequest(f"{field} holds finite numbers (integers up to 2^53) and booleans only", field)
     return tuple(v)
 
 

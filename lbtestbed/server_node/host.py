@@ -24,7 +24,7 @@ from aiohttp import web
 
 from lbtestbed import wire
 from lbtestbed.distributions import BlockSampler
-from lbtestbed.policies import NODE_BOUND, Message, NodeSide, make_node_sides
+from lbtestbed.policies import DISPATCHER_BOUND, NODE_BOUND, Message, NodeSide, make_node_sides
 from lbtestbed.server_node.models import INF, NodeModel, make_node
 from lbtestbed.spec import Experiment, seed_sequence, seeded_random
 from lbtestbed.workload import Task
@@ -68,7 +68,8 @@ class NodeHost:
         self.task_ids = itertools.count(1)
         self.sent: Counter[str] = Counter()
         self.piggybacked: Counter[str] = Counter()  # of those sent, how many rode on a task's reply
-        self.send_failures: Counter[str] = Counter()
+        # every kind it sends starts at 0: the first failure is then an increase Prometheus sees
+        self.send_failures: Counter[str] = Counter({k: 0 for k in DISPATCHER_BOUND[exp.policy.name]})
         self.received: Counter[str] = Counter()
         self.refused: Counter[int] = Counter()
         self.session: aiohttp.ClientSession | None = None
@@ -191,9 +192,13 @@ class NodeHost:
     # --------------------------------------------------------------------------------------- handlers
 
     def _node(self, request: web.Request) -> int:
-        k = int(request.match_info["node"])  # the route admits digits only
+        text = request.match_info["node"]  # the route admits digits only
+        k = int(text) if len(text) <= 18 else -1  # int() refuses thousands of digits with ValueError
         if k not in self.sides:
-            raise web.HTTPNotFound(text=f'{{"error": "no node {k} here"}}', content_type="application/json")
+            shown = text if len(text) <= 64 else f"{text[:20]}...({len(text)} digits)"
+            raise web.HTTPNotFound(
+                text=f'{{"error": "no node {shown} here"}}', content_type="application/json"
+            )
         return k
 
     async def post_task(self, request: web.Request) -> web.Response:
