@@ -115,7 +115,7 @@ def summarize(exp: Experiment, raws: Sequence[RawRun], source: str = "simulation
     }
     # variance of the number of tasks in the system about its mean (Poisson(n rho) for pools)
     mean = est["tasks_in_system"].value
-    if mean is not None:
+    if mean is not None and "tasks_in_system_sq" in raws[0].ratios:  # a cluster cannot integrate it
         sq = _estimate(raws, "tasks_in_system_sq")
         if len(raws) == 1:
             num, den = raws[0].ratios["tasks_in_system"]
@@ -125,9 +125,9 @@ def summarize(exp: Experiment, raws: Sequence[RawRun], source: str = "simulation
             var = Estimate((sq.value or 0.0) - mean * mean, None)
         metrics["tasks_in_system"]["variance"] = var.to_json()
     kinds = raws[0].message_kinds
-    metrics["messages_per_task"]["by_kind"] = {
-        kind: _estimate(raws, f"messages:{kind}").value for kind in kinds
-    }
+    by_kind = {kind: _estimate(raws, f"messages:{kind}") for kind in kinds}
+    metrics["messages_per_task"]["by_kind"] = {kind: e.value for kind, e in by_kind.items()}
+    metrics["messages_per_task"]["by_kind_ci95"] = {kind: e.ci95 for kind, e in by_kind.items()}
     tails: dict[str, list[dict[str, float | None]]] = {}
     for i, c in enumerate(exp.classes):
         entries: list[dict[str, float | None]] = [{"value": 1.0, "ci95": 0.0}]  # every node holds >= 0 tasks

@@ -26,7 +26,8 @@ from prometheus_client.registry import Collector
 
 from lbtestbed import wire
 from lbtestbed.distributions import BlockSampler
-from lbtestbed.policies import DISPATCHER_BOUND, Message, Probe, Route, make_dispatcher
+from lbtestbed.policies import DISPATCHER_BOUND, MESSAGE_KINDS, Message, Probe, Route, make_dispatcher
+from lbtestbed.policies.slta import SLTADispatcher
 from lbtestbed.spec import Experiment, seed_sequence, seeded_random
 
 log = logging.getLogger("lbtestbed.dispatcher")
@@ -38,6 +39,24 @@ def sojourn_buckets(exp: Experiment) -> list[float]:
     """Histogram buckets in model seconds, spread around the mean service time."""
     m = exp.workload.service.mean / min(exp.node_speeds)
     return [round(m * f, 6) for f in (0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 7.5, 10, 20, 50)]
+
+
+class TimeIntegral:
+    """The integral over model time of a quantity that changes in steps (monotonic wall clock)."""
+
+    def __init__(self, start: float, scale: float, value: float = 0.0) -> None:
+        self.value, self._since, self._scale, self._area = value, start, scale, 0.0
+
+    def set(self, value: float, now: float) -> None:
+        self._area += self.value * (now - self._since) / self._scale
+        self.value, self._since = value, now
+
+    def add(self, delta: float, now: float) -> None:
+        self.set(self.value + delta, now)
+
+    def area(self, now: float) -> float:
+        """The integral up to ``now`` (not before the last change)."""
+        return self._area + self.value * max(0.0, now - self._since) / self._scale
 
 
 class DispatcherHost:
@@ -64,12 +83,22 @@ class DispatcherHost:
         self.sent: Counter[str] = Counter()
         self.received: Counter[str] = Counter()
         self.piggybacked: Counter[str] = Counter()  # of those received, how many rode on a task's reply
-        self.failures: Counter[str] = Counter()  # messages this dispatcher could not deliver
+        # messages this dispatcher could not deliver; every kind it sends starts at 0, so that the first
+        # failure is an increase that Prometheus sees (a series that appears at 1 has no increase)
+        self.failures: Counter[str] = Counter(
+            {k: 0 for k in MESSAGE_KINDS[exp.policy.name] if k not in self.accepts and k != "probe_reply"}
+        )
         self.rejected: Counter[str] = Counter()  # messages it received and refused
         self.decisions: Counter[str] = Counter()
         self.outcomes: Counter[str] = Counter()
         self.lost_by_node: Counter[int] = Counter()
         self.in_flight = 0
+        self.started = time.monotonic()
+        # integrals over model time, so that a window's time averages are exact (DESIGN principle 5): the
+        # tasks accepted and not yet answered (probes, forwarding and service included), and SLTA's r
+        self.present = TimeIntegral(self.started, self.scale)
+        self.slta = self.policy if isinstance(self.policy, SLTADispatcher) else None
+        self.r = TimeIntegral(self.started, self.scale, self.slta.r if self.slta is not None else 0)
         self.session: aiohttp.ClientSession | None = None
         self.background: set[asyncio.Task[None]] = set()
         self.registry = CollectorRegistry(auto_describe=False)
@@ -98,6 +127,11 @@ class DispatcherHost:
             t.cancel()
         if self.session is not None:
             await self.session.close()
+
+    def track_r(self) -> None:
+        """Follow SLTA's r; called after every policy call that can change it."""
+        if self.slta is not None:
+            self.r.set(self.slta.r, time.monotonic())
 
     async def _sleep_delay(self) -> None:
         if self.delay is not None:
@@ -136,11 +170,19 @@ class DispatcherHost:
                 )
         except wire.BadRequest as e:
             return wire.error(e.status, str(e), e.field)
+        self.present.add(1, accepted)
+        try:
+            return await self._route(work, accepted)
+        finally:
+            self.present.add(-1, time.monotonic())
+
+    async def _route(self, work: float, accepted: float) -> web.Response:
         decision = self.policy.dispatch()
         if isinstance(decision, Probe):
             replies = await asyncio.gather(*(self._probe(k) for k in decision.nodes))
             decision = self.policy.resolve(decision, list(replies))
         route: Route = decision
+        self.track_r()
         self.decisions[route.outcome] += 1
         self.in_flight += 1
         try:
@@ -231,6 +273,7 @@ class DispatcherHost:
                 continue
             self.received[m.kind] += 1
             self.piggybacked[m.kind] += 1
+            self.track_r()
             self._send(out)
 
     async def post_messages(self, request: web.Request) -> web.Response:
@@ -253,6 +296,7 @@ class DispatcherHost:
                     400, f"{m.kind}: {e} ({i} of {len(msgs)} messages applied)", f"messages[{i}]"
                 )
             self.received[m.kind] += 1
+            self.track_r()
             self._send(out)
         return web.json_response({"ok": True, "applied": len(msgs)})
 
@@ -315,6 +359,26 @@ class _DispatcherCollector(Collector):
         for quantity, amount in sorted(h.policy.gauges().items()):
             state.add_metric([quantity], amount)
         yield state
+        now = time.monotonic()  # one instant for the clock and the integrals it divides
+        clock = CounterMetricFamily(
+            "lbtestbed_dispatcher_model_seconds", "Model time since the process started"
+        )
+        clock.add_metric([], (now - h.started) / h.scale)
+        yield clock
+        present = CounterMetricFamily(
+            "lbtestbed_dispatcher_task_model_seconds",
+            "Integral over model time of the tasks accepted and not yet answered (increase / model seconds "
+            "= mean tasks in the system, probes and forwarding included)",
+        )
+        present.add_metric([], h.present.area(now))
+        yield present
+        if h.slta is not None:
+            area = CounterMetricFamily(
+                "lbtestbed_dispatcher_slta_r_model_seconds",
+                "Integral of SLTA's learned index r over model time (increase / model seconds = mean r)",
+            )
+            area.add_metric([], h.r.area(now))
+            yield area
         yield wire.time_scale_gauge(h.scale)
 
 

@@ -1,0 +1,367 @@
+"""``lbt run``: one experiment on a real cluster, measured batch by batch, beside simulator and theory.
+
+The cluster comes up (or an existing one is used), the open-loop generator sends the spec's tasks (the
+simulator's own tasks for the same seed, recorded to ``trace.csv``) and the metrics are read at the batch
+boundaries of the measured window [warmup, warmup + duration]: scraped from every process (the default) or
+queried from a Prometheus server. Then the simulator runs the same spec on the same tasks and the theory
+predicts it; ``analysis.compare`` gives the verdicts and ``analysis.report`` writes the report directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from lbtestbed.analysis import report
+from lbtestbed.analysis.measure import NODE_CLOCK, cluster_raw
+from lbtestbed.analysis.report import RunReport
+from lbtestbed.analysis.result import Result, summarize
+from lbtestbed.analysis.scrape import Snapshot, from_query, scrape
+from lbtestbed.analysis.simulator import RawRun
+from lbtestbed.analysis.statistics import ratio_estimate
+from lbtestbed.cluster import Cluster, ClusterError, ClusterFile
+from lbtestbed.loadgen.openloop import LoadReport, drive, poisson_tasks, write_trace
+from lbtestbed.spec import Experiment
+
+Say = Callable[[str], None]
+#: wall seconds between samples of SLTA's r for its time series
+R_SAMPLE_WALL = 0.1
+#: wall seconds given to the processes between the health check and the first task
+LEAD_IN = 0.3
+
+
+@dataclass
+class Measurement:
+    """What the cluster side of a run produced."""
+
+    snapshots: list[Snapshot]
+    load: LoadReport
+    direct: list[Snapshot] = field(default_factory=list)  # scraped beside Prometheus, as a check
+    r_series: list[tuple[float, float]] = field(default_factory=list)  # (model time, r) samples
+    source: str = "scrape"  # or the Prometheus URL the counters came from
+    cluster: dict[str, Any] = field(default_factory=dict)  # endpoints, processes
+
+
+def warmup_warning(exp: Experiment) -> str | None:
+    """A warning when the spec's warm-up is shorter than the JLMU fluid model says pools need."""
+    if {c.discipline for c in exp.classes} != {"pool"} or exp.policy.name not in ("jlmu", "slta"):
+        return None
+    from lbtestbed.analysis.theory.fluid import warmup_needed
+
+    try:
+        need = warmup_needed(exp)
+    except (ValueError, ZeroDivisionError, ArithmeticError):
+        return None
+    if exp.run.warmup < need:
+        return (
+            f"warm-up {exp.run.warmup:g} model s is shorter than the {need:.3g} s the fluid model needs to "
+            f"come within a tenth of a standard deviation of equilibrium (docs/theory.md, warm-up rule); "
+            f"early batches may be biased: --set run.warmup={math.ceil(need)}"
+        )
+    return None
+
+
+def scrape_interval(exp: Experiment) -> float:
+    """Prometheus's scrape interval for a run: five scrapes a batch, between 0.1 s and 1 s of wall time.
+
+    Prometheus reads each boundary from its last scrape before it, so a batch shorter than the interval
+    would measure nothing; at five scrapes a batch the shift is at most a fifth of a batch.
+    """
+    batch_wall = exp.run.duration * exp.run.time_scale / exp.run.batches
+    return round(min(1.0, max(0.1, batch_wall / 5)), 3)
+
+
+def drain_arrivals(exp: Experiment) -> float:
+    """Model seconds of arrivals after the window, so that its last tasks are served as the simulator
+    serves them: the simulator keeps arrivals coming until every measured task has left. That matters only
+    where later arrivals slow earlier tasks, on processor-sharing nodes; pools and FCFS nodes serve a task
+    the same whatever arrives after it."""
+    if "ps" not in {c.discipline for c in exp.classes}:
+        return 0.0
+    return 0.2 * exp.run.duration
+
+
+def boundaries(exp: Experiment) -> list[float]:
+    """Model times of the snapshots: the batch boundaries of the measured window."""
+    B = exp.run.batches
+    return [exp.run.warmup + exp.run.duration * b / B for b in range(B + 1)]
+
+
+async def _sample_r(session: aiohttp.ClientSession, url: str, origin: float, scale: float, out: list) -> None:
+    """SLTA's r from the dispatcher's gauge, for the plot (its time average comes from the exact integral)."""
+    while True:
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
+            snap = await scrape(session, [url], origin)
+            r = snap.by("lbtestbed_dispatcher_policy_state", "quantity").get(("slta_r",))
+            if r is not None:
+                out.append((snap.at / scale, r))
+        await asyncio.sleep(R_SAMPLE_WALL)
+
+
+async def measure(
+    exp: Experiment,
+    f: ClusterFile,
+    tasks: Sequence[tuple[float, float]],
+    say: Say,
+    prometheus: str | None = None,
+    max_outstanding: int = 10_000,
+) -> Measurement:
+    """Drive the cluster with ``tasks`` and read its counters at the batch boundaries."""
+    scale = exp.run.time_scale
+    urls = [e.url for e in f.dispatchers + f.node_hosts]
+    marks = boundaries(exp)
+    snapshots: list[Snapshot] = []
+    instants: list[tuple[float, float]] = []  # (unix time, wall seconds since model 0) of each boundary
+    r_series: list[tuple[float, float]] = []
+    async with aiohttp.ClientSession() as session:
+        origin = time.monotonic() + LEAD_IN
+        load = asyncio.ensure_future(
+            drive([d.url for d in f.dispatchers], tasks, scale, max_outstanding, start=origin)
+        )
+        sampler = None
+        if exp.policy.name == "slta":
+            sampler = asyncio.ensure_future(_sample_r(session, f.dispatchers[0].url, origin, scale, r_series))
+        try:
+            say(f"warm-up: {exp.run.warmup:g} model s = {exp.run.warmup * scale:.1f} s wall")
+            for b, t in enumerate(marks):
+                delay = origin + t * scale - time.monotonic()
+                if delay > 0:
+                    await asyncio.wait([load], timeout=delay)  # wakes early only if the load failed
+                if load.done() and load.exception() is not None:
+                    raise load.exception()  # type: ignore[misc]
+                if prometheus is not None:
+                    instants.append((time.time(), time.monotonic() - origin))
+                snapshots.append(await scrape(session, urls, origin))
+                if b < len(marks) - 1:
+                    say(f"measuring: batch {b + 1}/{len(marks) - 1} (model time {t:.4g} of {marks[-1]:.4g})")
+            say(f"draining: waiting for the last of {len(tasks)} tasks")
+            report = await load
+        finally:
+            if sampler is not None:
+                sampler.cancel()
+            if not load.done():
+                load.cancel()
+    if prometheus is None:
+        return Measurement(snapshots, report, r_series=r_series)
+    read = _from_prometheus(prometheus, instants, say)
+    return Measurement(read, report, direct=snapshots, r_series=r_series, source=prometheus)
+
+
+def _from_prometheus(url: str, instants: Sequence[tuple[float, float]], say: Say) -> list[Snapshot]:
+    """The counters as the Prometheus server saw them at each boundary instant (its last scrape before)."""
+    from lbtestbed.prometheus import instant_query
+
+    last = instants[-1][0]
+    wait = last + 2.5 - time.time()  # a scrape after the last boundary, at the longest interval (1 s)
+    if wait > 0:
+        say(f"waiting {wait:.1f} s for Prometheus's scrape after the window")
+        time.sleep(wait)
+    return [from_query(instant_query(url, '{__name__=~"lbtestbed_.+"}', at), wall) for at, wall in instants]
+
+
+def _wait_for_targets(url: str, count: int, timeout: float = 30.0) -> None:
+    """Until Prometheus has scraped every process once (its first scrapes take a few seconds)."""
+    from lbtestbed.prometheus import PrometheusError, instant_query
+
+    deadline = time.monotonic() + timeout
+    while sum(1 for _, v in instant_query(url, "up") if v == 1.0) < count:
+        if time.monotonic() > deadline:
+            raise PrometheusError(
+                f"Prometheus at {url} has not scraped all {count} processes in {timeout:g} s"
+            )
+        time.sleep(0.25)
+
+
+@contextlib.contextmanager
+def cluster_for(
+    exp: Experiment,
+    spec: str,
+    overrides: Sequence[str],
+    directory: Path,
+    endpoints: Path | None,
+    dispatchers: int,
+    node_processes: int | None,
+    say: Say,
+    netns: bool = False,
+    bandwidth: str = "",
+) -> Iterator[ClusterFile]:
+    """A cluster for the run: the one described by ``endpoints``, or a new local one stopped afterwards."""
+    if endpoints is not None:
+        f = ClusterFile.load(endpoints)
+        running = f.experiment()
+        # the processes read their spec when they started: what they apply must be what the run assumes
+        for what, mine, theirs in (
+            ("classes", exp.raw.get("classes"), running.raw.get("classes")),
+            ("seed", exp.seed, running.seed),  # speeds drawn from a distribution depend on it
+            ("policy", exp.raw.get("policy"), running.raw.get("policy")),
+            ("run.time_scale", exp.run.time_scale, running.run.time_scale),
+            ("network", exp.raw.get("network"), running.raw.get("network")),
+        ):
+            if mine != theirs:
+                raise ClusterError(
+                    f"{endpoints}: the cluster's processes run {what} = {theirs}, the spec asks for {mine}; "
+                    f"start the cluster with the same spec and overrides"
+                )
+        yield f
+        return
+    cluster = Cluster(directory / "cluster.json")
+    where = " in network namespaces" if netns else ""
+    say(f"starting the cluster{where}: {exp.n} nodes, {dispatchers} dispatcher(s)")
+    try:
+        yield cluster.up(
+            spec,
+            overrides,
+            dispatchers=dispatchers,
+            node_processes=node_processes,
+            netns=netns,
+            bandwidth=bandwidth,
+        )
+    finally:
+        cluster.down()
+
+
+def run_cluster(
+    spec: str,
+    overrides: Sequence[str],
+    directory: Path,
+    say: Say,
+    *,
+    endpoints: Path | None = None,
+    dispatchers: int = 1,
+    node_processes: int | None = None,
+    prometheus: str | None = None,
+    with_prometheus: bool = False,
+    netns: bool = False,
+    bandwidth: str = "",
+) -> Measurement:
+    """Start (or use) the cluster, record and send the workload, and measure the window."""
+    from lbtestbed.spec import load_spec
+
+    exp = load_spec(spec, overrides)
+    tasks = list(poisson_tasks(exp, exp.run.warmup + exp.run.duration + drain_arrivals(exp)))
+    write_trace(directory / "trace.csv", tasks)
+    with cluster_for(
+        exp, spec, overrides, directory, endpoints, dispatchers, node_processes, say, netns, bandwidth
+    ) as f:
+        info = {
+            "dispatchers": [d.url for d in f.dispatchers],
+            "node_hosts": [h.url for h in f.node_hosts],
+        }
+        if with_prometheus and prometheus is None:
+            from lbtestbed.prometheus import start_prometheus
+
+            interval = scrape_interval(exp)
+            with start_prometheus(f, directory / "cluster.json", interval) as server:
+                say(f"Prometheus at {server.url}, scraping every {interval:g} s")
+                _wait_for_targets(server.url, len(f.dispatchers) + len(f.node_hosts))
+                m = asyncio.run(measure(exp, f, tasks, say, server.url))
+        else:
+            m = asyncio.run(measure(exp, f, tasks, say, prometheus))
+    m.cluster = info
+    return m
+
+
+def clock_shift(a: Snapshot, b: Snapshot) -> float | None:
+    """The largest difference between two snapshots' model clocks of the same node process."""
+
+    def clocks(s: Snapshot) -> dict[str, float]:
+        out = {}
+        for key, proc in s.processes.items():
+            if any(n == NODE_CLOCK for n, _, _ in proc.samples):
+                out[key.rpartition("/")[2]] = proc.value(NODE_CLOCK)  # URL or Prometheus instance
+        return out
+
+    ca, cb = clocks(a), clocks(b)
+    return max((abs(ca[k] - cb[k]) for k in ca.keys() & cb.keys()), default=None)
+
+
+def cluster_result(exp: Experiment, m: Measurement) -> tuple[Result, RawRun]:
+    """The cluster's measurements as the shared result object (source: cluster)."""
+    raw = cluster_raw(exp, m.snapshots, m.load.records)
+    if m.r_series:
+        raw.r_series = [(t, int(r)) for t, r in m.r_series]
+    result = summarize(exp, [raw], source="cluster")
+    for key in ("events", "wall_seconds", "censored_tasks"):  # simulator bookkeeping
+        result.extras.pop(key, None)
+    num, den = raw.ratios["network_overhead"]
+    if m.direct:  # the same window scraped directly: the time averages should match Prometheus's
+        direct = summarize(exp, [cluster_raw(exp, m.direct, m.load.records)], source="cluster")
+        checked = ("mean_tasks_per_node", "tasks_in_system", "utility", "idle_nodes", "messages_per_task")
+        result.extras["direct_scrape"] = {k: direct.metrics[k]["value"] for k in checked}
+        result.extras["direct_scrape"]["occupancy_tail"] = {
+            name: [e["value"] for e in tail] for name, tail in direct.metrics["occupancy_tail"].items()
+        }
+        # how far apart the two windows' ends are, in model seconds (the largest over the node processes)
+        result.extras["direct_scrape"]["window_shift"] = [
+            clock_shift(m.snapshots[0], m.direct[0]),
+            clock_shift(m.snapshots[-1], m.direct[-1]),
+        ]
+    result.extras |= {
+        "decisions": raw.decisions,
+        "network_overhead": ratio_estimate(num, den).to_json(),
+        "load": m.load.summary(),
+        "metrics_source": m.source,
+        "endpoints": m.cluster,
+    }
+    return result, raw
+
+
+def run_experiment(
+    spec: str,
+    overrides: Sequence[str],
+    directory: Path,
+    say: Say,
+    *,
+    simulate: bool = True,
+    **cluster_options: Any,
+) -> tuple[RunReport, list[Path]]:
+    """The whole of ``lbt run``: cluster, simulation, theory, verdicts and the report directory."""
+    from lbtestbed.analysis.simulator import simulate_once
+    from lbtestbed.analysis.theory.predict import predict
+    from lbtestbed.spec import load_spec
+
+    exp = load_spec(spec, overrides)
+    warnings = [w for w in (warmup_warning(exp),) if w]
+    for w in warnings:
+        say(f"warning: {w}")
+    directory.mkdir(parents=True, exist_ok=True)
+    m = run_cluster(spec, overrides, directory, say, **cluster_options)
+    cluster, raw = cluster_result(exp, m)
+    raws = {"cluster": raw}
+    simulation = None
+    if simulate:
+        say("simulating the same tasks")
+        sim_raw = simulate_once(exp)
+        simulation = summarize(exp, [sim_raw])
+        raws["simulation"] = sim_raw
+    theory = predict(exp)
+    load = m.load.summary()
+    if load["late_sends"] or load["dropped"]:
+        warnings.append(
+            f"the load generator could not keep its schedule: {load['late_sends']} late sends, "
+            f"{load['dropped']} dropped"
+        )
+    lost = int(load["refused"]) + int(load["lost"]) + int(load["failed"])  # type: ignore[call-overload]
+    if lost:
+        warnings.append(f"{lost} tasks did not complete (refused, lost or failed): see results.json")
+    context = {"metrics_source": m.source, "directory": str(directory)}
+    rep = report.build(exp, cluster, simulation, theory, context, warnings)
+    overhead = cluster.extras["network_overhead"]["value"]
+    sojourn_off = [v for v in rep.verdicts if v.metric.startswith("sojourn") or v.metric == "mean_sojourn"]
+    if overhead and any(v.counts and v.agrees is False for v in sojourn_off):
+        rep.warnings.append(
+            f"sojourn times are measured at the client and include {overhead:.3g} model s "
+            f"({1e3 * overhead * exp.run.time_scale:.2g} ms wall) of network and dispatch overhead per "
+            f"task; a larger run.time_scale makes it smaller against the work"
+        )
+    say("writing the report")
+    files = report.write(directory, rep, raws, m.r_series)
+    return rep, files

@@ -1,0 +1,205 @@
+"""``lbt sweep``: a grid of experiments from one spec, one combined table and the trade-off plot.
+
+``--set key=a,b,c`` gives a key several values; the grid is every combination, in the order given. Each
+point is a full ``lbt run`` (cluster, simulation, theory, its own report directory) or, with
+``--simulate-only``, a simulation beside the theory. The combined table has one row per point; the plot
+users ask for most sets messages per task against mean sojourn (or utility, for pools), one point per policy
+and setting.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lbtestbed.analysis import plots
+from lbtestbed.analysis.result import Result
+from lbtestbed.spec import SpecError, load_spec
+
+Say = Callable[[str], None]
+#: the columns of the combined table, in order
+COLUMNS = ("mean_sojourn", "sojourn_p99", "utility", "messages_per_task", "slta_r")
+
+
+def split_values(text: str) -> list[str]:
+    """``a,b,[1,2],{x=1,y=2}`` -> the top-level comma-separated values (brackets and quotes kept whole)."""
+    out, depth, quote, start, escaped = [], 0, "", 0, False
+    for i, ch in enumerate(text):
+        if escaped:
+            escaped = False
+        elif quote:
+            if ch == "\\" and quote == '"':  # TOML basic strings escape; literal ('...') strings do not
+                escaped = True
+            elif ch == quote:
+                quote = ""
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            out.append(text[start:i])
+            start = i + 1
+    out.append(text[start:])
+    return [v.strip() for v in out]
+
+
+def grid(overrides: Sequence[str]) -> list[list[str]]:
+    """Every combination of the overrides' values, each as a list of ``key=value`` overrides."""
+    axes = []
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep:
+            raise SpecError("--set", item, "an override reads key.path=value[,value...]")
+        values = split_values(text)
+        if any(not v for v in values):
+            raise SpecError("--set", key, f"an empty value in {text!r}")
+        axes.append([f"{key}={v}" for v in values])
+    return [list(combo) for combo in itertools.product(*axes)]
+
+
+def varying(points: Sequence[Sequence[str]]) -> list[str]:
+    """The keys that take more than one value over the grid."""
+    keys: dict[str, set[str]] = {}
+    for point in points:
+        for item in point:
+            k, _, v = item.partition("=")
+            keys.setdefault(k, set()).add(v)
+    return [k for k, vs in keys.items() if len(vs) > 1]
+
+
+@dataclass
+class Point:
+    settings: dict[str, str]
+    result: Result  # the cluster's, or the simulation's with --simulate-only
+    theory: Result
+    agrees: bool | None = None  # cluster runs only
+    directory: str = ""
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "settings": self.settings,
+            "source": self.result.source,
+            "agrees": self.agrees,
+            "directory": self.directory,
+            "metrics": {k: self.result.metrics[k] for k in COLUMNS},
+            "theory": {k: self.theory.metrics[k] for k in COLUMNS},
+        }
+
+
+def _simulate(spec: str, overrides: list[str]) -> tuple[Result, Result]:
+    from lbtestbed.analysis.result import summarize
+    from lbtestbed.analysis.simulator import simulate_once
+    from lbtestbed.analysis.theory.predict import predict
+
+    exp = load_spec(spec, overrides)
+    return summarize(exp, [simulate_once(exp)]), predict(exp)
+
+
+def _settings(point: Sequence[str], keys: Sequence[str]) -> dict[str, str]:
+    values = dict(item.partition("=")[::2] for item in point)
+    return {k: values[k] for k in keys}
+
+
+def sweep(
+    spec: str,
+    overrides: Sequence[str],
+    directory: Path,
+    say: Say,
+    *,
+    simulate_only: bool = False,
+    jobs: int = 2,
+    **cluster_options: Any,
+) -> list[Point]:
+    points = grid(overrides)
+    keys = varying(points) or [item.partition("=")[0] for item in points[0]]
+    for p in points:  # every point must be a valid spec before anything runs
+        load_spec(spec, p)
+    directory.mkdir(parents=True, exist_ok=True)
+    out: list[Point] = []
+    if simulate_only:
+        with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
+            futures = [pool.submit(_simulate, spec, p) for p in points]
+            for i, (p, fut) in enumerate(zip(points, futures, strict=True), 1):
+                result, theory = fut.result()
+                say(f"point {i}/{len(points)} simulated: {_label(_settings(p, keys))}")
+                out.append(Point(_settings(p, keys), result, theory))
+        return out
+    from lbtestbed.runner import run_experiment
+
+    for i, p in enumerate(points, 1):
+        sub = directory / (f"{i:02d}-" + re.sub(r"[^A-Za-z0-9_.=-]+", "_", "-".join(p))[:80])
+        say(f"point {i}/{len(points)}: {_label(_settings(p, keys))}")
+        rep, _ = run_experiment(spec, p, sub, lambda line: say(f"  {line}"), **cluster_options)
+        assert rep.theory is not None
+        out.append(Point(_settings(p, keys), rep.cluster, rep.theory, rep.agrees, str(sub)))
+    return out
+
+
+def _label(settings: dict[str, str]) -> str:
+    """Short names (the last part of each key) unless two keys share one."""
+    short = [k.rpartition(".")[2] for k in settings]
+    names = short if len(set(short)) == len(short) else list(settings)
+    return " ".join(f"{n}={v}" for n, v in zip(names, settings.values(), strict=True))
+
+
+def _cell(m: dict[str, Any]) -> str:
+    v, ci = m.get("value"), m.get("ci95")
+    if v is None:
+        return "-"
+    return f"{v:.4g}" if ci is None else f"{v:.4g} ± {ci:.2g}"
+
+
+def rows(points: Sequence[Point]) -> list[list[str]]:
+    keys = list(points[0].settings)
+    shown = [c for c in COLUMNS if any(p.result.metrics[c].get("value") is not None for p in points)]
+    header = [*keys, *shown]
+    if any(p.agrees is not None for p in points):
+        header.append("verdict")
+    out = [header]
+    for p in points:
+        row = [*p.settings.values(), *(_cell(p.result.metrics[c]) for c in shown)]
+        if p.agrees is not None:
+            row.append("agrees" if p.agrees else "disagrees")
+        out.append(row)
+    return out
+
+
+def write(directory: Path, spec: str, points: Sequence[Point]) -> list[Path]:
+    from lbtestbed.analysis.report import table
+
+    directory.mkdir(parents=True, exist_ok=True)
+    plot = plots.tradeoff(
+        directory,
+        [(p.settings, p.result) for p in points],
+        policy_key="policy.name",
+        label=_label,
+    )
+    doc = {"spec": spec, "points": [p.to_json() for p in points]}
+    (directory / "sweep.json").write_text(json.dumps(doc, indent=1) + "\n")
+    md = [
+        f"# Sweep of `{spec}` ({points[0].result.source})",
+        "",
+        table(rows(points), markdown=True),
+        "",
+        "Values are means with the half-width of their 95% interval; time in model seconds.",
+        "",
+        f"![trade-off]({plot.name})",
+    ]
+    if any(p.directory for p in points):
+        md += [
+            "",
+            "Reports of the points:",
+            "",
+            *(f"- [{Path(p.directory).name}]({Path(p.directory).name}/report.md)" for p in points),
+        ]
+    (directory / "sweep.md").write_text("\n".join(md) + "\n")
+    return [directory / "sweep.json", directory / "sweep.md", plot]

@@ -1,0 +1,342 @@
+"""``lbt run`` end to end: a real cluster, the open-loop generator, the simulator and the theory.
+
+Each policy runs on a small cluster for under a minute of wall time. The checks recompute the agreement from
+the numbers in results.json (cluster value within the combined 95% interval of the simulator's), so they do
+not only trust the verdict words; the verdict words are checked against that recomputation. The specs use a
+time_scale at which the loopback overhead (a few ms per task and per message) is small against the model's
+time between events: at a faster clock the state messages of JIQ and SLTA lag measurably (see
+tests/test_cluster.py) and the report says "disagrees", as it should.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+POOLS = """
+name = "{name}"
+seed = 5
+
+[[classes]]
+name = "small"
+count = 5
+discipline = "pool"
+utility = {{ kind = "xlog", r = 6 }}
+
+[[classes]]
+name = "large"
+count = 5
+discipline = "pool"
+utility = {{ kind = "xlog", r = 9 }}
+
+[workload]
+load = 3.0
+service = {{ dist = "exponential", mean = 1.0 }}
+
+[policy]
+{policy}
+
+[run]
+warmup = 10.0
+duration = {duration}
+time_scale = {scale}
+batches = 10
+"""
+
+QUEUES = """
+name = "{name}"
+seed = 5
+
+[[classes]]
+name = "servers"
+count = 10
+discipline = "fcfs"
+speed = 1.0
+
+[workload]
+load = 0.7
+service = {{ dist = "exponential", mean = 1.0 }}
+
+[policy]
+{policy}
+
+[run]
+warmup = 10.0
+duration = {duration}
+time_scale = {scale}
+batches = 10
+"""
+
+# policy: (spec template, policy table, headline metric, model seconds measured, time_scale). SLTA's tokens
+# and epochs follow every few events, so it gets the slowest clock: 30 arrivals per model second are 17 ms
+# apart in wall time at 0.5, several loopback round trips.
+CASES = {
+    "jlmu": (POOLS, 'name = "jlmu"', "utility", 120.0, 0.25),
+    "slta": (POOLS, 'name = "slta"\nbeta_scale = 1.0', "utility", 80.0, 0.5),
+    "jiq": (QUEUES, 'name = "jiq"', "mean_sojourn", 100.0, 0.3),
+    "power_of_d": (QUEUES, 'name = "power_of_d"\nd = 2', "mean_sojourn", 100.0, 0.3),
+}
+
+
+def lbt_run(spec: Path, out: Path, *extra: str) -> tuple[int, dict[str, Any], str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "lbtestbed.cli", "run", str(spec), "--out", str(out), "--json", *extra],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode in (0, 1), proc.stderr
+    return proc.returncode, json.loads(proc.stdout), proc.stderr
+
+
+def verdict(doc: dict[str, Any], metric: str, reference: str = "simulation") -> dict[str, Any]:
+    found = [v for v in doc["comparison"] if v["metric"] == metric and v["reference"] == reference]
+    assert len(found) == 1, (metric, reference)
+    return found[0]
+
+
+def within_combined(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    half = math.hypot(a["ci95"] or 0.0, b["ci95"] or 0.0)
+    return abs(a["value"] - b["value"]) <= half
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, dict[str, Any], Path]]:
+    out = {}
+    for policy, (template, table, _, duration, scale) in CASES.items():
+        d = tmp_path_factory.mktemp(policy)
+        spec = d / "spec.toml"
+        spec.write_text(template.format(name=f"run-{policy}", policy=table, duration=duration, scale=scale))
+        code, doc, _ = lbt_run(spec, d / "report")
+        out[policy] = (code, doc, d / "report")
+    return out
+
+
+@pytest.mark.parametrize("policy", list(CASES))
+def test_cluster_agrees_with_the_simulator(
+    policy: str, runs: dict[str, tuple[int, dict[str, Any], Path]]
+) -> None:
+    _, doc, _ = runs[policy]
+    cluster, sim = doc["results"]["cluster"]["metrics"], doc["results"]["simulation"]["metrics"]
+    headline = CASES[policy][2]
+    for metric in (headline, "messages_per_task"):
+        assert cluster[metric]["value"] is not None and cluster[metric]["ci95"] is not None, metric
+        assert within_combined(cluster[metric], sim[metric]), (metric, cluster[metric], sim[metric])
+        assert verdict(doc, metric)["verdict"] == "agrees"
+    for name in cluster["occupancy_tail"]:
+        v = verdict(doc, f"occupancy_tail[{name}]")
+        assert v["verdict"] == "agrees", v
+    # every task came back, and the load generator kept its schedule well enough to count
+    load = doc["results"]["cluster"]["load"]
+    assert load["completed"] == load["scheduled"], load
+
+
+def test_power_of_d_sends_exactly_2d_messages(runs: dict[str, tuple[int, dict[str, Any], Path]]) -> None:
+    _, doc, _ = runs["power_of_d"]
+    for source in ("cluster", "simulation"):
+        m = doc["results"][source]["metrics"]["messages_per_task"]
+        assert m["by_kind"] == {"probe": 2.0, "probe_reply": 2.0}, source
+
+
+def test_cluster_tail_is_recomputed_point_by_point(runs: dict[str, tuple[int, dict[str, Any], Path]]) -> None:
+    """The tail verdict holds at every point: each within its Bonferroni-widened combined interval."""
+    from scipy import stats
+
+    _, doc, _ = runs["jlmu"]
+    cluster, sim = doc["results"]["cluster"]["metrics"], doc["results"]["simulation"]["metrics"]
+    for name, tail in cluster["occupancy_tail"].items():
+        pairs = [
+            (a, b)
+            for a, b in zip(tail[1:], sim["occupancy_tail"][name][1:], strict=False)
+            if max(a["value"], b["value"]) >= 1e-3
+        ]
+        z = float(stats.norm.ppf(1 - 0.025 / len(pairs)))
+        for a, b in pairs:
+            half = math.hypot(a["ci95"] or 0.0, b["ci95"] or 0.0)
+            assert abs(a["value"] - b["value"]) <= half / 1.959964 * z, (name, a, b)
+
+
+def test_report_opens_with_the_comparison_and_has_the_plots(
+    runs: dict[str, tuple[int, dict[str, Any], Path]],
+) -> None:
+    _, doc, report = runs["slta"]
+    text = (report / "report.md").read_text()
+    lines = text.splitlines()
+    assert lines[0].startswith("# run-slta: slta")
+    assert lines[2].startswith("**AGREES") or lines[2].startswith("**DISAGREES")
+    assert lines[4].startswith("| metric | unit | cluster | simulation | verdict | theory | verdict |")
+    for png in ("occupancy_tail", "over_time", "slta_r", "messages", "sojourn"):
+        path = report / f"{png}.png"
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+        assert f"]({png}.png)" in text
+    assert json.loads((report / "results.json").read_text())["name"] == "run-slta"
+    # the SLTA r integral made it into the result, near the simulator's
+    assert doc["results"]["cluster"]["metrics"]["slta_r"]["value"] is not None
+
+
+def test_exit_code_follows_the_verdicts(runs: dict[str, tuple[int, dict[str, Any], Path]]) -> None:
+    for policy, (code, doc, _) in runs.items():
+        counted = [v for v in doc["comparison"] if v["counts"]]
+        disagree = any(v["agrees"] is False for v in counted)
+        assert doc["agrees"] is (not disagree), policy
+        assert code == (1 if disagree else 0), policy
+
+
+def test_a_bad_spec_is_exit_code_2_before_anything_starts(tmp_path: Path) -> None:
+    spec = tmp_path / "bad.toml"
+    text = QUEUES.format(name="bad", policy='name = "jiq"', duration=10, scale=0.1)
+    spec.write_text(text.replace("load = 0.7", "load = -1"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "lbtestbed.cli", "run", str(spec), "--out", str(tmp_path / "r")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "bad.toml" in proc.stderr and "load" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_prometheus_and_direct_scraping_give_the_same_time_averages(tmp_path: Path) -> None:
+    """``lbt run --with-prometheus`` reads the window from a real Prometheus server and, beside it, scrapes
+    every process directly at the batch boundaries. Prometheus answers a boundary with its last scrape
+    before it, so the two windows differ at each end by a shift the run records (model clocks of the same
+    process in both). A time average of X in [0, M] over windows of length L whose ends differ by d1 and d2
+    differs by at most 2 M (d1 + d2) / (L - d1 - d2); that is the tolerance, and it is small because the
+    scrape interval is a fifth of a batch."""
+    spec = tmp_path / "spec.toml"
+    spec.write_text(QUEUES.format(name="prom", policy='name = "jiq"', duration=60.0, scale=0.3))
+    _, doc, _ = lbt_run(spec, tmp_path / "report", "--with-prometheus")
+    cluster = doc["results"]["cluster"]
+    assert cluster["metrics_source"].startswith("http://127.0.0.1:")
+    direct = cluster["direct_scrape"]
+    d = sum(direct["window_shift"])
+    L = 60.0
+    assert d < 0.2 * L, direct["window_shift"]  # each end within a fraction of a batch
+    tails = cluster["metrics"]["occupancy_tail"]["servers"]
+    M = len(tails)  # no node held more tasks than the tail's length
+    bound = 2 * (d / (L - d))
+    pairs = {
+        "mean_tasks_per_node": M,
+        "tasks_in_system": M * 10,
+        "idle_nodes": 10,
+    }
+    for metric, top in pairs.items():
+        p, s = cluster["metrics"][metric]["value"], direct[metric]
+        assert abs(p - s) <= top * bound, (metric, p, s, top * bound)
+    for j, (p, s) in enumerate(zip(tails, direct["occupancy_tail"]["servers"], strict=False)):
+        assert abs(p["value"] - s) <= bound, (j, p["value"], s, bound)
+    # and the two are not trivially identical: Prometheus's window really is its own
+    assert direct["window_shift"] != [0.0, 0.0]
+
+
+def test_a_warmup_shorter_than_the_fluid_model_needs_is_warned_about(tmp_path: Path) -> None:
+    """Pools need ln(10 sqrt(n rho)) / mu model seconds to come within a tenth of a standard deviation of
+    equilibrium from empty (docs/theory.md): 10 pools at rho = 3 need ln(10 sqrt(30)) = 4.00 s."""
+    from lbtestbed.runner import warmup_warning
+    from lbtestbed.spec import load_spec
+
+    spec = tmp_path / "spec.toml"
+    spec.write_text(POOLS.format(name="warm", policy='name = "jlmu"', duration=10, scale=0.1))
+    need = math.log(10 * math.sqrt(30))
+    short = warmup_warning(load_spec(spec, [f"run.warmup={need - 0.01}"]))
+    assert short is not None and f"{need:.3g}" in short and "--set run.warmup=5" in short
+    assert warmup_warning(load_spec(spec, [f"run.warmup={need + 0.01}"])) is None
+    # queues have no fluid rule here: no warning rather than a wrong one
+    queues = tmp_path / "q.toml"
+    queues.write_text(QUEUES.format(name="q", policy='name = "jiq"', duration=10, scale=0.1))
+    assert warmup_warning(load_spec(queues, ["run.warmup=0.001"])) is None
+
+
+def test_sweep_runs_each_point_on_a_cluster(tmp_path: Path) -> None:
+    """Two short cluster runs under one sweep: one row each, a report each, the trade-off plot."""
+    spec = tmp_path / "spec.toml"
+    spec.write_text(QUEUES.format(name="sweep", policy='name = "power_of_d"\nd = 2', duration=20, scale=0.2))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lbtestbed.cli",
+            "sweep",
+            str(spec),
+            "--set",
+            "policy.name=power_of_d,random",
+            "--out",
+            str(tmp_path / "sweep"),
+            "--json",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode in (0, 1), proc.stderr
+    doc = json.loads(proc.stdout)
+    assert [p["settings"]["policy.name"] for p in doc["points"]] == ["power_of_d", "random"]
+    for p in doc["points"]:
+        assert p["source"] == "cluster"
+        assert (Path(p["directory"]) / "report.md").exists()
+    by_policy = {p["settings"]["policy.name"]: p for p in doc["points"]}
+    assert by_policy["power_of_d"]["metrics"]["messages_per_task"]["value"] == 4.0
+    assert by_policy["random"]["metrics"]["messages_per_task"]["value"] == 0.0
+    assert (tmp_path / "sweep" / "tradeoff.png").read_bytes()[:4] == b"\x89PNG"
+    assert proc.returncode == (0 if all(p["agrees"] for p in doc["points"]) else 1)
+
+
+needs_root = pytest.mark.skipif(
+    not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("ip") is None,
+    reason="network namespaces need root and iproute2",
+)
+
+
+def lbt_namespaces() -> set[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    return {line.split()[0] for line in out.splitlines() if line.startswith("lbt-")}
+
+
+@needs_root
+def test_a_run_in_network_namespaces_agrees_as_on_loopback(tmp_path: Path) -> None:
+    """``--netns``: every node process in its own namespace behind a veth pair and a bridge, rate-limited;
+    tasks, probes and replies cross real interfaces. The comparison agrees as it does on loopback, the
+    endpoints are the bridge's addresses, and nothing is left behind."""
+    before = lbt_namespaces()
+    spec = tmp_path / "spec.toml"
+    spec.write_text(
+        QUEUES.format(name="netns", policy='name = "power_of_d"\nd = 2', duration=60.0, scale=0.3)
+    )
+    _, doc, _ = lbt_run(spec, tmp_path / "report", "--netns", "--bandwidth", "100mbit")
+    cluster = doc["results"]["cluster"]
+    hosts = cluster["endpoints"]["node_hosts"]
+    assert hosts and all(h.startswith("http://10.213.") for h in hosts), hosts
+    assert len({h.rsplit(":", 1)[0] for h in hosts}) == len(hosts)  # one address (namespace) each
+    for metric in ("mean_sojourn", "messages_per_task", "occupancy_tail[servers]"):
+        assert verdict(doc, metric)["verdict"] == "agrees", verdict(doc, metric)
+    assert cluster["load"]["completed"] == cluster["load"]["scheduled"]
+    assert lbt_namespaces() == before
+
+
+@needs_root
+def test_namespaces_left_by_a_crash_are_removed(tmp_path: Path) -> None:
+    """A run that died without ``down`` leaves namespaces with no process in them and a bridge with no
+    port; the next ``--netns`` start (``cleanup_stale``) removes them, and only them."""
+    from lbtestbed import netns
+
+    layout = netns.create(2)
+    try:
+        assert set(layout.namespaces) <= lbt_namespaces()
+        # the namespaces' veth ends keep the bridge busy until the namespaces go
+        removed = netns.cleanup_stale()
+        assert set(layout.namespaces) <= set(removed)
+        assert layout.bridge in removed
+        assert not set(layout.namespaces) & lbt_namespaces()
+    finally:
+        netns.destroy(layout)
