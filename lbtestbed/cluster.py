@@ -53,6 +53,9 @@ class ClusterFile:
     dispatchers: list[Endpoint]
     node_hosts: list[Endpoint]
     max_tasks: int = 100_000
+    prometheus_url: str = ""  # a Prometheus started with the cluster (lbt cluster up --with-prometheus)
+    prometheus_pid: int = 0
+    netns: dict[str, Any] = field(default_factory=dict)  # lbtestbed.netns.Layout of a --netns cluster
 
     def node_urls(self) -> list[str]:
         """Base URL of every node id, in id order."""
@@ -78,10 +81,14 @@ class ClusterFile:
             return cls(
                 spec=data["spec"],
                 overrides=data.get("overrides", []),
-                token=data["token"],
+                # containers get the file from a ConfigMap and the token from a Secret
+                token=data.get("token") or os.environ.get("LBT_TOKEN", ""),
                 dispatchers=[Endpoint(**e) for e in data["dispatchers"]],
                 node_hosts=[Endpoint(**e) for e in data["node_hosts"]],
                 max_tasks=data.get("max_tasks", 100_000),
+                prometheus_url=data.get("prometheus_url", ""),
+                prometheus_pid=data.get("prometheus_pid", 0),
+                netns=data.get("netns") or {},
             )
         except FileNotFoundError:
             raise ClusterError(f"{path}: no cluster file (is a cluster up?)") from None
@@ -142,7 +149,11 @@ class Cluster:
         node_processes: int | None = None,
         max_tasks: int = 100_000,
         timeout: float = 30.0,
+        netns: bool = False,
+        bandwidth: str = "",
     ) -> ClusterFile:
+        """Start the cluster; ``netns``: every node process in its own network namespace on a bridge
+        (``lbtestbed.netns``), with ``bandwidth`` (a tc rate) on every link if given."""
         exp = load_spec(spec, overrides)  # a bad spec fails here, before any process starts
         if exp.policy.name == "slta" and dispatchers > 1:
             raise ClusterError(
@@ -152,18 +163,31 @@ class Cluster:
             raise ClusterError(f"a cluster needs at least one dispatcher, got {dispatchers}")
         if self.path.exists():
             old = ClusterFile.load(self.path)
-            alive = [e for e in old.dispatchers + old.node_hosts if e.pid and _alive(e.pid)]
+            alive = [e.pid for e in old.dispatchers + old.node_hosts if e.pid and _alive(e.pid)]
+            alive += [old.prometheus_pid] if old.prometheus_pid and _alive(old.prometheus_pid) else []
             if alive:
                 raise ClusterError(
-                    f"{self.path}: a cluster is already up (pid {alive[0].pid}); run `lbt cluster down` first"
+                    f"{self.path}: a cluster is already up (pid {alive[0]}); run `lbt cluster down` first"
                 )
+        if bandwidth and not netns:
+            raise ClusterError("a bandwidth limit needs --netns: loopback has no link to limit")
         groups = split_nodes(exp.n, node_processes or min(exp.n, max(1, (os.cpu_count() or 2) * 2)))
+        layout = None
+        if netns:
+            from lbtestbed import netns as ns
+
+            try:
+                ns.cleanup_stale()
+                layout = ns.create(len(groups), bandwidth)
+            except ns.NetnsError as problem:
+                raise ClusterError(str(problem)) from None
         ports = free_ports(dispatchers + len(groups))
         logdir = self.path.parent / "logs"
         logdir.mkdir(parents=True, exist_ok=True)
+        dispatcher_ip = layout.bridge_ip if layout else LOOPBACK
         disp = [
             Endpoint(
-                "dispatcher", i, f"http://{LOOPBACK}:{ports[i]}", log=str(logdir / f"dispatcher-{i}.log")
+                "dispatcher", i, f"http://{dispatcher_ip}:{ports[i]}", log=str(logdir / f"dispatcher-{i}.log")
             )
             for i in range(dispatchers)
         ]
@@ -171,22 +195,40 @@ class Cluster:
             Endpoint(
                 "nodes",
                 j,
-                f"http://{LOOPBACK}:{ports[dispatchers + j]}",
+                f"http://{layout.host_ip(j) if layout else LOOPBACK}:{ports[dispatchers + j]}",
                 nodes=g,
                 log=str(logdir / f"nodes-{j}.log"),
             )
             for j, g in enumerate(groups)
         ]
         self.file = ClusterFile(
-            str(Path(spec).resolve()), list(overrides), secrets.token_hex(16), disp, hosts, max_tasks
+            str(Path(spec).resolve()),
+            list(overrides),
+            secrets.token_hex(16),
+            disp,
+            hosts,
+            max_tasks,
+            netns=layout.to_json() if layout else {},
         )
         self.file.save(self.path)
         try:
             for e in hosts + disp:
                 module = "lbtestbed.server_node" if e.role == "nodes" else "lbtestbed.dispatcher"
+                prefix = []
+                if layout is not None and e.role == "nodes":
+                    prefix = ["ip", "netns", "exec", layout.namespaces[e.index]]  # exec: the pid stays
                 with open(e.log, "ab") as log:
                     proc = subprocess.Popen(
-                        [sys.executable, "-m", module, "--cluster", str(self.path), "--index", str(e.index)],
+                        [
+                            *prefix,
+                            sys.executable,
+                            "-m",
+                            module,
+                            "--cluster",
+                            str(self.path),
+                            "--index",
+                            str(e.index),
+                        ],
                         stdout=log,
                         stderr=subprocess.STDOUT,
                         stdin=subprocess.DEVNULL,
@@ -221,9 +263,25 @@ class Cluster:
                 )
             time.sleep(0.05)
 
+    def start_prometheus(self, scrape_interval: float = 1.0, port: int | None = None) -> str:
+        """Start a Prometheus that scrapes this cluster and record it in the cluster file; its URL."""
+        from lbtestbed.prometheus import PrometheusError, start_prometheus
+
+        if self.file is None:
+            raise ClusterError(f"{self.path}: start the cluster before its Prometheus")
+        try:
+            server = start_prometheus(self.file, self.path, scrape_interval, port=port)
+        except PrometheusError as e:
+            raise ClusterError(str(e)) from None
+        if server.proc is not None:
+            self.procs.append(server.proc)  # reaped with the cluster's processes
+        self.file.prometheus_url, self.file.prometheus_pid = server.url, server.pid
+        self.file.save(self.path)
+        return server.url
+
     def status(self) -> list[dict[str, Any]]:
         f = self.file or ClusterFile.load(self.path)
-        return [
+        rows = [
             {
                 "role": e.role,
                 "index": e.index,
@@ -235,6 +293,22 @@ class Cluster:
             }
             for e in f.dispatchers + f.node_hosts
         ]
+        if f.prometheus_pid:
+            from lbtestbed.prometheus import ready
+
+            alive = _alive(f.prometheus_pid)
+            rows.append(
+                {
+                    "role": "prometheus",
+                    "index": 0,
+                    "url": f.prometheus_url,
+                    "pid": f.prometheus_pid,
+                    "alive": alive,
+                    "healthy": alive and ready(f.prometheus_url),
+                    "nodes": 0,
+                }
+            )
+        return rows
 
     def down(self, grace: float = 5.0) -> int:
         """Stop every process of the cluster; returns how many were still running."""
@@ -242,6 +316,7 @@ class Cluster:
         if f is None and self.path.exists():
             f = ClusterFile.load(self.path)
         pids = [e.pid for e in (f.dispatchers + f.node_hosts if f else []) if e.pid]
+        pids += [f.prometheus_pid] if f and f.prometheus_pid else []  # SIGTERM: it closes its TSDB
         pids += [p.pid for p in self.procs if p.pid not in pids]
         running = [p for p in pids if _alive(p)]
         for pid in running:
@@ -254,6 +329,10 @@ class Cluster:
             if _alive(pid):
                 _signal(pid, signal.SIGKILL)
         self._reap()
+        if f is not None and f.netns:
+            from lbtestbed import netns
+
+            netns.destroy(netns.Layout.from_json(f.netns))
         if self.path.exists():
             self.path.unlink()
         self.file = None

@@ -1,11 +1,11 @@
-"""``python -m lbtestbed.dispatcher --cluster FILE --index I``: dispatcher I of a cluster file."""
+"""``python -m lbtestbed.dispatcher --cluster FILE --index I [--listen HOST:PORT]``: dispatcher I."""
 
 from lbtestbed.dispatcher.host import DispatcherHost, build_app
 from lbtestbed.service import process_args, serve
 
-cluster, index = process_args("dispatcher")
+cluster, index, listen = process_args("dispatcher")
 me = cluster.dispatchers[index]
 host = DispatcherHost(
     cluster.experiment(), index, len(cluster.dispatchers), cluster.node_urls(), cluster.token
 )
-serve(build_app(host), me.url, f"dispatcher-{index}")
+serve(build_app(host), me.url, f"dispatcher-{index}", listen)

@@ -1,11 +1,11 @@
-"""``python -m lbtestbed.server_node --cluster FILE --index J``: node host J of a cluster file."""
+"""``python -m lbtestbed.server_node --cluster FILE --index J [--listen HOST:PORT]``: node host J."""
 
 from lbtestbed.server_node.host import NodeHost, build_app
 from lbtestbed.service import process_args, serve
 
-cluster, index = process_args("server_node")
+cluster, index, listen = process_args("server_node")
 me = cluster.node_hosts[index]
 host = NodeHost(
     cluster.experiment(), me.nodes, [d.url for d in cluster.dispatchers], cluster.token, cluster.max_tasks
 )
-serve(build_app(host), me.url, f"nodes-{index}")
+serve(build_app(host), me.url, f"nodes-{index}", listen)

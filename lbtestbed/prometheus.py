@@ -1,0 +1,368 @@
+"""A real Prometheus server for a local cluster: its configuration, its process, and queries to it.
+
+``start_prometheus`` writes a directory next to the cluster file (``cluster.json`` -> ``cluster.prometheus/``)
+and starts ``prometheus`` there as a subprocess in its own session, on a free loopback port, then waits
+until ``/-/ready``. The directory holds:
+
+- ``targets.json``: file-based service discovery, one entry per dispatcher and node host, labelled with
+  ``role``, ``index``, ``cluster`` (the spec's name) and ``policy``;
+- ``prometheus.yml``: scrape and rule-evaluation interval, the discovery file, the rule files;
+- the rule files of ``deploy/prometheus`` (copied, so that the running server does not change under edits);
+- ``constants.yml``: recording rules that hold constants PromQL cannot compute: the spec's arrival rate
+  and what ``lbt predict`` says about the spec (occupancy tails per class, the utility bound u(q*), r*, ...),
+  so that dashboards can set measured against predicted;
+- ``data/`` (the TSDB, emptied at every start: one directory is one run) and ``prometheus.log``.
+
+``instant_query``, ``range_samples`` and ``wait_for_series`` read the server over its HTTP API.
+``python -m lbtestbed.prometheus constants SPEC`` prints the constants file for deployments that run
+their own Prometheus (compose, Kubernetes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from lbtestbed.cluster import LOOPBACK, ClusterFile, _alive, _signal, free_ports
+from lbtestbed.spec import Experiment, SpecError, load_spec
+
+#: the rule files of the repository, loaded by every server this module starts
+RULES_DIR = Path(__file__).resolve().parents[1] / "deploy" / "prometheus"
+RULE_FILES = ("recording_rules.yml", "alerting_rules.yml")
+CONSTANTS_FILE = "constants.yml"
+JOB = "lbtestbed"
+#: the recording rules average over 1 min and the alerts over 20 s: an interval above 10 s leaves too few
+#: samples in a window; every scrape costs the measured processes CPU, so none faster than 0.1 s
+MIN_INTERVAL, MAX_INTERVAL = 0.1, 10.0
+INSTALL_HINT = (
+    "install it with `make prometheus` (Debian/Ubuntu: apt-get install prometheus) or put it on PATH"
+)
+
+Labels = dict[str, str]
+
+
+class PrometheusError(RuntimeError):
+    """Prometheus could not be started, reached or queried; the message says what and where."""
+
+
+# ------------------------------------------------------------------------------------ configuration
+
+
+def duration(seconds: float) -> str:
+    """A Prometheus duration in whole milliseconds (``1500ms``): exact for any interval we accept."""
+    return f"{round(seconds * 1000)}ms"
+
+
+def scrape_targets(cluster: ClusterFile, name: str, policy: str) -> list[dict[str, Any]]:
+    """The file-SD entries: one per process, so that each carries its own role and index."""
+    entries = []
+    for e in cluster.dispatchers + cluster.node_hosts:
+        address = urllib.parse.urlsplit(e.url).netloc
+        labels = {"role": e.role, "index": str(e.index), "cluster": name, "policy": policy}
+        entries.append({"targets": [address], "labels": labels})
+    return entries
+
+
+def server_config(rule_files: Sequence[str], targets_file: str, scrape_interval: float) -> dict[str, Any]:
+    interval = duration(scrape_interval)
+    return {
+        "global": {
+            "scrape_interval": interval,
+            "scrape_timeout": interval,  # Prometheus requires timeout <= interval
+            # the rules average over 1 min: evaluating them more than once a second costs CPU the
+            # cluster needs (short scrape intervals serve lbt run's exact snapshots, not the rules)
+            "evaluation_interval": duration(max(scrape_interval, 1.0)),
+        },
+        "rule_files": list(rule_files),
+        "scrape_configs": [
+            {
+                "job_name": JOB,
+                # the dispatcher exports its own `policy` label on decisions_total, with the same value as
+                # the target's; without honor_labels Prometheus would rename it to exported_policy
+                "honor_labels": True,
+                "file_sd_configs": [{"files": [targets_file], "refresh_interval": "5s"}],
+            }
+        ],
+    }
+
+
+def constant_rules(exp: Experiment, name: str) -> dict[str, Any]:
+    """Recording rules holding the spec's arrival rate and the theory's predictions for it.
+
+    Every series carries ``cluster`` and ``policy``. A prediction that theory leaves null (``lbt predict``
+    says why) has no series, so a dashboard shows the measurement alone.
+    """
+    from lbtestbed.analysis.theory import predict
+
+    base = {"cluster": name, "policy": exp.policy.name}
+    values: list[tuple[str, Any, Labels]] = [("lbtestbed:spec:arrival_rate", exp.workload.arrival_rate, base)]
+    values += [("lbtestbed:spec:nodes", c.count, {**base, "class": c.name}) for c in exp.classes]
+    result = predict(exp).to_json()
+    for metric, entry in result["metrics"].items():
+        if metric == "occupancy_tail":  # {class: [{value, ci95} for k = 0, 1, ...]}
+            for cls, tail in entry.items() if isinstance(entry, dict) else ():
+                for k, point in enumerate(tail if isinstance(tail, list) else ()):
+                    labels = {**base, "class": cls, "tasks": str(k)}
+                    values.append(("lbtestbed:predicted:occupancy_tail", point["value"], labels))
+        elif isinstance(entry, dict):
+            values.append((f"lbtestbed:predicted:{metric}", entry.get("value"), base))
+    bounds = result.get("bounds", {})
+    for key, record in (("utility_upper", "utility_bound"), ("r_star", "slta_r_star")):
+        values.append((f"lbtestbed:predicted:{record}", bounds.get(key), base))
+    rules = [
+        {"record": record, "expr": f"vector({float(v)!r})", "labels": labels}
+        for record, v, labels in values
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    ]
+    return {"groups": [{"name": "lbtestbed_constants", "rules": rules}]}
+
+
+def write_config(
+    cluster: ClusterFile, directory: Path, scrape_interval: float, name: str | None = None
+) -> Path:
+    """Write every file the server reads into ``directory``; returns the configuration file."""
+    if not MIN_INTERVAL <= scrape_interval <= MAX_INTERVAL:
+        raise PrometheusError(
+            f"scrape interval {scrape_interval:g} s: must be between {MIN_INTERVAL:g} and {MAX_INTERVAL:g} s"
+        )
+    exp = cluster.experiment()
+    name = name or exp.name
+    directory.mkdir(parents=True, exist_ok=True)
+    rule_files = []
+    for rules in RULE_FILES:
+        source = RULES_DIR / rules
+        if not source.is_file():
+            raise PrometheusError(f"{source}: rule file missing (lbtestbed runs from its source tree)")
+        shutil.copyfile(source, directory / rules)
+        rule_files.append(rules)
+    # JSON is YAML: no YAML library needed at run time
+    (directory / CONSTANTS_FILE).write_text(json.dumps(constant_rules(exp, name), indent=1))
+    rule_files.append(CONSTANTS_FILE)
+    (directory / "targets.json").write_text(
+        json.dumps(scrape_targets(cluster, name, exp.policy.name), indent=1)
+    )
+    config = directory / "prometheus.yml"
+    config.write_text(json.dumps(server_config(rule_files, "targets.json", scrape_interval), indent=1))
+    return config
+
+
+# ---------------------------------------------------------------------------------------- process
+
+
+def prometheus_binary() -> str:
+    found = shutil.which("prometheus")
+    if found is None:
+        raise PrometheusError(f"the prometheus binary is not on PATH: {INSTALL_HINT}")
+    return found
+
+
+def config_dir(cluster_path: Path) -> Path:
+    """``.lbt/cluster.json`` -> ``.lbt/cluster.prometheus``: one directory per cluster file."""
+    return cluster_path.with_suffix(".prometheus")
+
+
+class PrometheusServer:
+    """A running Prometheus; ``stop()`` (or leaving the ``with`` block) ends it and leaves no process."""
+
+    def __init__(self, url: str, pid: int, directory: Path, proc: subprocess.Popen[bytes] | None = None):
+        self.url, self.pid, self.directory, self.proc = url, pid, directory, proc
+
+    def stop(self, grace: float = 5.0) -> bool:
+        """SIGTERM, then SIGKILL after ``grace`` seconds; True when it was still running."""
+        was_running = stop_pid(self.pid, grace)
+        if self.proc is not None:
+            self.proc.wait()  # reap our child
+        return was_running
+
+    def __enter__(self) -> PrometheusServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def stop_pid(pid: int, grace: float = 5.0) -> bool:
+    """Stop a Prometheus started by ``start_prometheus`` (here or in another process) by its pid."""
+    if not _alive(pid):
+        return False
+    _signal(pid, signal.SIGTERM)  # Prometheus closes its TSDB cleanly on SIGTERM
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.05)
+    if _alive(pid):
+        _signal(pid, signal.SIGKILL)
+        while _alive(pid) and time.monotonic() < deadline + 5.0:
+            time.sleep(0.05)
+    return True
+
+
+def ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/-/ready", timeout=1.0) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def start_prometheus(
+    cluster: ClusterFile,
+    cluster_path: Path,
+    scrape_interval: float = 1.0,
+    *,
+    name: str | None = None,
+    port: int | None = None,
+    timeout: float = 30.0,
+) -> PrometheusServer:
+    """Configure and start a Prometheus for ``cluster`` and wait until it is ready.
+
+    ``name`` is the ``cluster`` label (default: the spec's name); ``port`` a fixed port (default: a free
+    one, chosen again if another process takes it before Prometheus binds it).
+    """
+    binary = prometheus_binary()
+    directory = config_dir(Path(cluster_path))
+    config = write_config(cluster, directory, scrape_interval, name)
+    data = directory / "data"
+    shutil.rmtree(data, ignore_errors=True)  # one directory is one run
+    log_path = directory / "prometheus.log"
+    for _attempt in range(1 if port else 3):
+        listen = port or free_ports(1)[0]
+        url = f"http://{LOOPBACK}:{listen}"
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [
+                    binary,
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={data}",
+                    f"--web.listen-address={LOOPBACK}:{listen}",
+                    "--storage.tsdb.retention.time=7d",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # its own process group: stopped by pid, outlives `lbt cluster up`
+            )
+        server = PrometheusServer(url, proc.pid, directory, proc)
+        try:
+            if _wait_ready(server, log_path, timeout):
+                return server
+        except BaseException:
+            server.stop()
+            raise
+        server.stop()  # lost the port to another process: try another one
+    raise PrometheusError(f"prometheus could not bind a loopback port (log: {log_path})")
+
+
+def _wait_ready(server: PrometheusServer, log_path: Path, timeout: float) -> bool:
+    """True when ready, False when it exited because its port was taken; else a PrometheusError."""
+    deadline = time.monotonic() + timeout
+    while not ready(server.url):
+        if server.proc is not None and server.proc.poll() is not None:
+            text = log_path.read_text(errors="replace")
+            if "address already in use" in text:
+                return False
+            tail = " | ".join(line.strip() for line in text.strip().splitlines()[-3:])
+            raise PrometheusError(f"prometheus exited at start (log {log_path}): {tail}")
+        if time.monotonic() > deadline:
+            raise PrometheusError(
+                f"prometheus at {server.url} not ready after {timeout:g} s (log {log_path})"
+            )
+        time.sleep(0.1)
+    return True
+
+
+# ---------------------------------------------------------------------------------------- queries
+
+
+def api_get(url: str, path: str, params: dict[str, Any], what: str) -> Any:
+    """The ``data`` of a Prometheus API answer; ``what`` names the request in errors."""
+    query = urllib.parse.urlencode(params, doseq=True)
+    try:
+        with urllib.request.urlopen(f"{url}{path}?{query}", timeout=30) as resp:
+            body = json.loads(resp.read())
+    except urllib.error.HTTPError as e:  # 400 bad query, 422 cannot execute, 503 timeout
+        try:
+            detail = json.loads(e.read()).get("error", e.reason)
+        except ValueError:
+            detail = e.reason
+        raise PrometheusError(f"{what}: {detail}") from None
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise PrometheusError(f"{what}: Prometheus at {url} unreachable ({e})") from None
+    if body.get("status") != "success":
+        raise PrometheusError(f"{what}: {body.get('error', 'no error text')}")
+    return body["data"]
+
+
+def instant_query(url: str, expr: str, at: float | None = None) -> list[tuple[Labels, float]]:
+    """``expr`` at Unix time ``at`` (default now): (labels, value) per series; a scalar is ({}, v)."""
+    params: dict[str, Any] = {"query": expr}
+    if at is not None:
+        params["time"] = f"{at:.3f}"
+    data = api_get(url, "/api/v1/query", params, f"query {expr!r}")
+    if data["resultType"] in ("scalar", "string"):
+        return [({}, float(data["result"][1]))]
+    if data["resultType"] != "vector":
+        raise PrometheusError(f"query {expr!r}: a range vector; use range_samples for raw samples")
+    return [(dict(r["metric"]), float(r["value"][1])) for r in data["result"]]
+
+
+def range_samples(
+    url: str, selector: str, end: float, seconds: float
+) -> list[tuple[Labels, list[tuple[float, float]]]]:
+    """The raw samples of ``selector`` in (end - seconds, end], with their scrape timestamps."""
+    expr = f"{selector}[{duration(seconds)}]"
+    data = api_get(url, "/api/v1/query", {"query": expr, "time": f"{end:.3f}"}, f"query {expr!r}")
+    return [(dict(r["metric"]), [(float(t), float(v)) for t, v in r["values"]]) for r in data["result"]]
+
+
+def wait_for_series(
+    url: str, expr: str, timeout: float = 30.0, at: float | None = None
+) -> list[tuple[Labels, float]]:
+    """Poll ``expr`` until it returns at least one series (the first scrapes take a few seconds)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = instant_query(url, expr, at)
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise PrometheusError(f"query {expr!r}: no series after {timeout:g} s at {url}")
+        time.sleep(0.25)
+
+
+# ------------------------------------------------------------------------------------------- CLI
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m lbtestbed.prometheus constants SPEC``: the constants rule file, for other deployments."""
+    parser = argparse.ArgumentParser(
+        prog="python -m lbtestbed.prometheus",
+        description="Print the recording rules that hold a spec's arrival rate and its predictions.",
+    )
+    parser.add_argument("action", choices=("constants",))
+    parser.add_argument("spec", help="experiment spec (TOML)")
+    parser.add_argument("--name", help="the `cluster` label (default: the spec's name)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a value")
+    args = parser.parse_args(argv)
+    try:
+        exp = load_spec(args.spec, args.set)
+    except SpecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    json.dump(constant_rules(exp, args.name or exp.name), sys.stdout, indent=1)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
