@@ -1,18 +1,30 @@
-"""The open-loop generator: Poisson schedule, achieved rate, trace round trip, late and dropped sends."""
+"""The open-loop generator: Poisson schedule, achieved rate, trace round trip, late and dropped sends, rate
+schedules (steps and ramps), and ``lbt load`` against the benchmark's sink."""
 
 from __future__ import annotations
 
 import asyncio
 import math
+import re
 import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import pytest
+import uvloop
 from aiohttp import web
 from scipy import stats
 
-from lbtestbed.loadgen.openloop import drive, poisson_tasks, read_trace, write_trace
+from lbtestbed.loadgen.openloop import drive, poisson_tasks, read_trace, run_load, write_trace
+from lbtestbed.loadgen.schedule import ScheduleError, parse_schedule, scheduled_tasks
 from lbtestbed.spec import parse_spec
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SPEC = {
     "name": "loadgen",
@@ -106,3 +118,252 @@ async def test_a_slow_target_shows_as_drops_not_as_a_slower_rate() -> None:
     # about 20 tasks per 0.5 s get through over 1 s of sends (plus the ones still open at the end)
     assert o["completed"] <= 20 * (1.0 / 0.5 + 1) + 1
     assert report.send_seconds < tasks[-1][0] + 0.25  # the schedule was kept: no waiting on the target
+
+
+# ------------------------------------------------------------------------------------ rate schedules
+#
+# The expected values below are worked out by hand from the schedule text (a step's integral is
+# duration x multiplier, a ramp's is duration x the mean of its end points), not read from RateSchedule.
+
+SCHEDULE = "4@1, 6@0.5->2.5, 4@3, 2@0, 4@2->0"
+#: (start, end, multiplier at start, multiplier at end) of each segment of SCHEDULE, model seconds
+PIECES = [(0, 4, 1, 1), (4, 10, 0.5, 2.5), (10, 14, 3, 3), (14, 16, 0, 0), (16, 20, 2, 0)]
+
+
+def hand_multiplier(t: np.ndarray) -> np.ndarray:
+    out = np.zeros_like(t)
+    for a, b, m0, m1 in PIECES:
+        inside = (t >= a) & (t < b)
+        out[inside] = m0 + (m1 - m0) * (t[inside] - a) / (b - a)
+    return out
+
+
+def hand_integral(t: np.ndarray) -> np.ndarray:
+    """M(t) on a fine grid that contains every break point: the trapezoid rule is exact for linear pieces,
+    and between grid points M is interpolated linearly (error below 1e-9 at this grid step)."""
+    grid = np.unique(np.concatenate([np.linspace(0, 20, 400_001), [p[0] for p in PIECES], [20.0]]))
+    m = hand_multiplier(grid)
+    m[-1] = 0.0  # m(20) is the left limit of the last ramp: 0
+    cumulative = np.concatenate([[0.0], np.cumsum(0.5 * (m[1:] + m[:-1]) * np.diff(grid))])
+    return np.interp(t, grid, cumulative)
+
+
+def test_schedule_multiplier_integral_and_inverse() -> None:
+    s = parse_schedule("2@1, 2@1->3")
+    assert s.duration == 4.0 and s.total == 2.0 + 4.0
+    assert s.multiplier(1.0) == 1.0 and s.multiplier(3.0) == 2.0 and s.multiplier(4.5) == 0.0
+    assert s.integral(3.0) == pytest.approx(2.0 + 1.5)  # 1 s of the ramp from 1 to 2: mean 1.5
+    for u in np.linspace(0.0, 6.0, 61):
+        t, _ = s.inverse(float(u))
+        assert s.integral(t) == pytest.approx(u, abs=1e-12)
+
+
+def test_a_constant_schedule_gives_exactly_the_spec_workload() -> None:
+    exp = parse_spec(SPEC)
+    assert list(scheduled_tasks(exp, parse_schedule("5@1"))) == list(poisson_tasks(exp, 5.0))
+
+
+def test_a_schedule_changes_when_tasks_come_not_which() -> None:
+    exp = parse_spec(SPEC)
+    works = [w for _, w in scheduled_tasks(exp, parse_schedule(SCHEDULE))]
+    spec_works = [w for _, w in poisson_tasks(exp, 100.0)][: len(works)]
+    assert works == spec_works
+
+
+def test_segment_counts_are_poisson_with_the_integrated_rate() -> None:
+    exp = parse_spec(SPEC)  # 500 tasks per model second at multiplier 1
+    times = np.array([t for t, _ in scheduled_tasks(exp, parse_schedule(SCHEDULE))])
+    # cells: every step, and each ramp in quarters (which checks the ramp's shape, not only its total)
+    cells: list[tuple[float, float]] = []
+    for a, b, m0, m1 in PIECES:
+        k = 1 if m0 == m1 else 4
+        cells += [(a + (b - a) * j / k, a + (b - a) * (j + 1) / k) for j in range(k)]
+    means = [500.0 * float(np.diff(hand_integral(np.array([lo, hi])))[0]) for lo, hi in cells]
+    assert sum(means) == pytest.approx(500.0 * (4 + 9 + 12 + 0 + 4))
+    # two-sided 99.9 % family-wise over the cells (Bonferroni): the normal approximation of a Poisson
+    # count is good here, every mean being at least 250
+    z = stats.norm.ppf(1 - 0.001 / (2 * len(cells)))
+    for (lo, hi), mean in zip(cells, means, strict=True):
+        count = int(np.sum((times >= lo) & (times < hi)))
+        if mean == 0:
+            assert count == 0, f"{count} arrivals in [{lo}, {hi}) where the rate is 0"
+        else:
+            assert abs(count - mean) < z * math.sqrt(mean), f"[{lo}, {hi}): {count} arrivals, expected {mean}"
+
+
+def test_time_changed_gaps_are_exponential() -> None:
+    # if T_i is Poisson with intensity 500 m(t), then 500 M(T_i) is a unit-rate Poisson process
+    exp = parse_spec(SPEC)
+    times = np.array([t for t, _ in scheduled_tasks(exp, parse_schedule(SCHEDULE))])
+    gaps = np.diff(np.concatenate([[0.0], 500.0 * hand_integral(times)]))
+    assert stats.kstest(gaps, "expon").pvalue > 0.01
+    # the same statistic rejects arrivals that ignore the schedule (homogeneous at the same count): the
+    # test has the power to see a wrong time change
+    flat = np.sort(np.random.default_rng(1).uniform(0, 20, len(times)))
+    flat_gaps = np.diff(np.concatenate([[0.0], 500.0 * hand_integral(flat)]))
+    assert stats.kstest(flat_gaps, "expon").pvalue < 1e-6
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "empty schedule"),
+        ("  # only a comment", "empty schedule"),
+        ("10", "segment 1 '10': expected DURATION@MULT"),
+        ("5@1, 2@x", "segment 2 '2@x': expected DURATION@MULT"),
+        ("5@1; 0@1", "segment 2 '0@1': the duration must be a positive"),
+        ("1e999@1", "the duration must be a positive"),
+        ("5@-1", "segment 1 '5@-1': multipliers must be finite and >= 0"),
+        ("5@1->-2", "multipliers must be finite and >= 0"),
+        ("5@0, 3@0", "every multiplier is 0"),
+        ("5@1->2->3", "segment 1 '5@1->2->3': expected"),
+    ],
+)
+def test_a_bad_schedule_names_the_segment(text: str, message: str) -> None:
+    with pytest.raises(ScheduleError, match=re.escape(message)):
+        parse_schedule(text)
+
+
+def test_schedule_text_allows_lines_comments_and_spaces() -> None:
+    s = parse_schedule("# warm up\n 10 @ 1 \n20@1 -> 2 ; 5@0.5  # tail\n")
+    assert [(g.duration, g.start, g.end) for g in s.segments] == [(10, 1, 1), (20, 1, 2), (5, 0.5, 0.5)]
+
+
+# ------------------------------------------------------------------------------ the send loop itself
+
+
+def test_no_send_leaves_before_its_time_on_uvloop() -> None:
+    # uvloop's timers have millisecond resolution and can fire up to 1 ms early; the target notes when each
+    # task arrives, which is after it was sent, so an early send shows as an arrival before its time
+    exp = parse_spec(SPEC)
+    tasks = list(poisson_tasks(exp, 2.0))
+    arrivals: dict[float, float] = {}
+
+    async def main() -> float:
+        async def task(request: web.Request) -> web.Response:
+            arrivals[(await request.json())["work"]] = time.monotonic()
+            return web.json_response({"node": 0})
+
+        app = web.Application()
+        app.router.add_post("/v1/tasks", task)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        port = _free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        start = time.monotonic() + 0.1
+        try:
+            report = await drive([f"http://127.0.0.1:{port}"], tasks, 1.0, start=start)
+        finally:
+            await runner.cleanup()
+        assert report.outcomes["completed"] == len(tasks)
+        assert min(report.lateness) >= 0.0
+        return start
+
+    start = uvloop.run(main())
+    assert len(arrivals) == len(tasks)  # the works are distinct floats: one arrival each
+    early = [(w, arrivals[w] - (start + t)) for t, w in tasks if arrivals[w] < start + t]
+    assert not early, f"{len(early)} tasks arrived before their time, e.g. {early[0][1] * 1e3:.3f} ms"
+
+
+def test_run_load_leaves_the_garbage_collector_on(tmp_path: Path) -> None:
+    import gc
+
+    exp = parse_spec(SPEC)
+    assert gc.isenabled()
+    report = run_load(["http://127.0.0.1:1"], list(poisson_tasks(exp, 0.05)), 1.0)  # nothing listens there
+    assert report.outcomes["failed"] == report.scheduled > 0
+    assert gc.isenabled()
+
+
+# --------------------------------------------------------------------------------- lbt load, the CLI
+
+
+@pytest.fixture
+def sink() -> Iterator[str]:
+    """The benchmark's sink (completes every task at once) in a process of its own."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "benchmarks" / "sink.py"), "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/v1/health", timeout=1):
+                    break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise AssertionError("the sink did not come up") from None
+                time.sleep(0.05)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def write_spec(path: Path) -> Path:
+    path.write_text(
+        """name = "loadgen"
+seed = 11
+[[classes]]
+name = "a"
+count = 10
+discipline = "pool"
+[workload]
+arrival_rate = 500.0
+service = { dist = "exponential", mean = 0.01 }
+[policy]
+name = "random"
+[run]
+warmup = 0.0
+duration = 2.0
+time_scale = 1.0
+"""
+    )
+    return path
+
+
+def lbt(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "lbtestbed.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_cli_load_with_a_schedule_sends_the_scheduled_tasks(tmp_path: Path, sink: str) -> None:
+    spec = write_spec(tmp_path / "spec.toml")
+    trace = tmp_path / "sent.trace"
+    out = lbt(
+        "load", str(spec), "--dispatcher", sink, "--schedule", "1@1, 1@0.5->1.5", "--record", str(trace)
+    )
+    out.check_returncode()
+    summary = {line.split()[0]: line.split()[1] for line in out.stdout.splitlines()}
+    tasks = read_trace(trace)
+    # the schedule asks for 500 x (1 + 1) = 1000 tasks on average; 4 sd: a 99.99 % interval
+    assert abs(len(tasks) - 1000) < 4 * math.sqrt(1000)
+    assert int(summary["scheduled"]) == int(summary["completed"]) == len(tasks)
+    # and the count in the ramp's second half, 500 x 0.5 x (1 + 1.5) / 2 = 312.5 on average
+    late = sum(1 for t, _ in tasks if 1.5 <= t < 2.0)
+    assert abs(late - 312.5) < 4 * math.sqrt(312.5)
+
+
+def test_cli_load_rejects_a_bad_schedule_in_one_line(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "spec.toml")
+    nowhere = "http://127.0.0.1:1"
+    out = lbt("load", str(spec), "--dispatcher", nowhere, "--schedule", "10@1, 5@fast")
+    assert out.returncode == 2
+    assert out.stderr.strip() == (
+        "lbt: error: schedule: segment 2 '5@fast': "
+        "expected DURATION@MULT (a step) or DURATION@MULT->MULT (a ramp)"
+    )
+    both = lbt("load", str(spec), "--dispatcher", nowhere, "--schedule", "1@1", "--duration", "3")
+    assert both.returncode == 2 and "Traceback" not in both.stderr
+    assert (
+        both.stderr.strip() == "lbt: error: give at most one of a schedule, a duration and a trace to replay"
+    )

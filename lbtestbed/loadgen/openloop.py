@@ -12,20 +12,37 @@ a dispatcher at all; the counts add up to the tasks scheduled.
 from __future__ import annotations
 
 import asyncio
+import gc
+import json
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import aiohttp
 import numpy as np
+import uvloop
+from yarl import URL
 
 from lbtestbed.spec import Experiment
 from lbtestbed.wire import PREFIX
 from lbtestbed.workload import PoissonWorkload
 
 LATE = 0.002  # wall seconds: a send that leaves later than this after its intended time counts as late
+JSON_BODY = {"Content-Type": "application/json"}
+
+
+class TaskRecord(NamedTuple):
+    """One completed task as the client saw it; times in model seconds."""
+
+    t: float  # intended arrival time (model seconds from the start of the load)
+    work: float
+    node: int
+    sojourn: float  # from the intended send to the reply, network included
+    stay: float  # at the node: from its arrival there to its completion
+    waited: bool  # the node did not start serving it at once (fcfs)
 
 
 @dataclass
@@ -35,7 +52,7 @@ class LoadReport:
     late: int = 0
     lateness: list[float] = field(default_factory=list)  # wall seconds, every send
     sojourns: list[float] = field(default_factory=list)  # model seconds, completed tasks
-    records: list[tuple[float, float, int, float]] = field(default_factory=list)  # (t, work, node, sojourn)
+    records: list[TaskRecord] = field(default_factory=list)  # completed tasks
     wall_seconds: float = 0.0  # until the last task came back
     send_seconds: float = 0.0  # from the first intended send to the last actual send
     model_seconds: float = 0.0
@@ -105,69 +122,105 @@ async def drive(
     max_outstanding: int = 10_000,
     progress: Callable[[int, int], None] | None = None,
     session: aiohttp.ClientSession | None = None,
+    start: float | None = None,
 ) -> LoadReport:
-    """Send ``tasks`` on their schedule, round robin over ``dispatchers``; return what happened."""
+    """Send ``tasks`` on their schedule, round robin over ``dispatchers``; return what happened.
+
+    Model time 0 is the monotonic instant ``start`` (default: 50 ms from now), so a caller can line up
+    measurements with the schedule. A send's lateness is taken when its request starts, not when it is
+    queued, and no send leaves before its intended time (uvloop's timers can fire up to 1 ms early).
+    """
     report = LoadReport(scheduled=len(tasks))
     own = session is None
     if session is None:
         session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None, sock_connect=5)
+            connector=aiohttp.TCPConnector(limit=0),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
+            skip_auto_headers=("User-Agent", "Accept-Encoding"),  # the dispatcher reads neither
         )
-    urls = [f"{d}{PREFIX}/tasks" for d in dispatchers]
+    urls = [URL(f"{d}{PREFIX}/tasks") for d in dispatchers]  # parsed once, not on every request
     outstanding = 0
     pending: set[asyncio.Task[None]] = set()
 
     async def send(i: int, t: float, work: float, intended: float) -> None:
         nonlocal outstanding
+        lateness = time.monotonic() - intended
+        report.lateness.append(lateness)
+        if lateness > LATE:
+            report.late += 1
         try:
-            async with session.post(urls[i % len(urls)], json={"work": work}) as resp:
-                body = await resp.json()
+            body = b'{"work": %r}' % work  # repr of a finite float is a JSON number
+            async with session.post(urls[i % len(urls)], data=body, headers=JSON_BODY) as resp:
+                raw = await resp.read()
                 done = time.monotonic()
                 if resp.status == 200:
+                    reply = json.loads(raw)
                     report.outcomes["completed"] += 1
                     sojourn = (done - intended) / time_scale
                     report.sojourns.append(sojourn)
-                    report.records.append((t, work, int(body.get("node", -1)), sojourn))
+                    stay = float(reply.get("completed", 0.0)) - float(reply.get("arrived", 0.0))
+                    node = int(reply.get("node", -1))
+                    report.records.append(TaskRecord(t, work, node, sojourn, stay, bool(reply.get("waited"))))
                 elif resp.status == 503:
                     report.outcomes["refused"] += 1
                 elif resp.status == 502:
                     report.outcomes["lost"] += 1
                 else:
                     report.outcomes["failed"] += 1
-        except (aiohttp.ClientError, TimeoutError, ValueError):
+        except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError, TypeError):
             report.outcomes["failed"] += 1
         finally:
             outstanding -= 1
 
-    start = time.monotonic() + 0.05
+    if start is None:
+        start = time.monotonic() + 0.05
     next_report = start + 1.0
+    # Per-task objects are freed by reference counting (they form no cycles), so the cyclic collector only
+    # adds pauses, which grow with the records kept: run just its young generation, once a second.
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         for i, (t, work) in enumerate(tasks):
             intended = start + t * time_scale
             now = time.monotonic()
-            if intended > now:
+            while now < intended:
                 await asyncio.sleep(intended - now)
                 now = time.monotonic()
-            lateness = max(0.0, now - intended)
-            report.lateness.append(lateness)
-            if lateness > LATE:
-                report.late += 1
             if outstanding >= max_outstanding:
+                report.lateness.append(now - intended)
+                if now - intended > LATE:
+                    report.late += 1
                 report.outcomes["dropped"] += 1
                 continue
             outstanding += 1
             task = asyncio.ensure_future(send(i, t, work, intended))
             pending.add(task)
             task.add_done_callback(pending.discard)
-            if progress is not None and now > next_report:
+            if now > next_report:
                 next_report = now + 1.0
-                progress(i + 1, len(tasks))
+                if collecting:
+                    gc.collect(0)
+                if progress is not None:
+                    progress(i + 1, len(tasks))
         report.send_seconds = time.monotonic() - start
         if pending:
             await asyncio.gather(*pending)
     finally:
+        if collecting:
+            gc.enable()
         report.wall_seconds = time.monotonic() - start
         report.model_seconds = report.wall_seconds / time_scale
         if own:
             await session.close()
     return report
+
+
+def run_load(
+    dispatchers: Sequence[str],
+    tasks: Sequence[tuple[float, float]],
+    time_scale: float,
+    max_outstanding: int = 10_000,
+    progress: Callable[[int, int], None] | None = None,
+) -> LoadReport:
+    """``drive`` on a uvloop event loop of its own: about 10-20 % less CPU per task than asyncio's loop."""
+    return uvloop.run(drive(dispatchers, tasks, time_scale, max_outstanding, progress))
