@@ -86,6 +86,22 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _prometheus_problem(args: argparse.Namespace) -> tuple[int, str] | None:
+    """Why ``--with-prometheus`` cannot work (exit code, message), checked before any process starts."""
+    from lbtestbed.prometheus import MAX_INTERVAL, MIN_INTERVAL, PrometheusError, prometheus_binary
+
+    if not MIN_INTERVAL <= args.scrape_interval <= MAX_INTERVAL:
+        limits = f"between {MIN_INTERVAL:g} and {MAX_INTERVAL:g} s"
+        return EXIT_BAD_INPUT, f"--scrape-interval {args.scrape_interval:g}: must be {limits}"
+    if args.prometheus_port is not None and not 1 <= args.prometheus_port <= 65535:
+        return EXIT_BAD_INPUT, f"--prometheus-port {args.prometheus_port}: not a TCP port"
+    try:
+        prometheus_binary()
+    except PrometheusError as e:
+        return EXIT_FAILED, str(e)
+    return None
+
+
 def cmd_cluster(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -97,7 +113,26 @@ def cmd_cluster(args: argparse.Namespace) -> int:
             if args.spec is None:
                 print("lbt: error: lbt cluster up needs a SPEC", file=sys.stderr)
                 return EXIT_BAD_INPUT
-            f = cluster.up(args.spec, args.set, args.dispatchers, args.node_procs, args.max_tasks)
+            if args.with_prometheus:
+                problem = _prometheus_problem(args)
+                if problem:
+                    print(f"lbt: error: {problem[1]}", file=sys.stderr)
+                    return problem[0]
+            f = cluster.up(
+                args.spec,
+                args.set,
+                args.dispatchers,
+                args.node_procs,
+                args.max_tasks,
+                netns=args.netns,
+                bandwidth=args.bandwidth or "",
+            )
+            if args.with_prometheus:
+                try:
+                    cluster.start_prometheus(args.scrape_interval, args.prometheus_port)
+                except ClusterError:
+                    cluster.down()  # all or nothing: the user asked for both
+                    raise
             rows = cluster.status()
             if args.json:
                 json.dump({"file": str(cluster.path), "processes": rows}, sys.stdout, indent=1)
@@ -108,8 +143,12 @@ def cmd_cluster(args: argparse.Namespace) -> int:
                     f"cluster up: {len(f.dispatchers)} dispatcher(s), {nodes} nodes in {len(f.node_hosts)} "
                     f"process(es); cluster file {cluster.path}"
                 )
+                what_by_role = {
+                    "dispatcher": "send tasks: POST /v1/tasks",
+                    "prometheus": "query: /api/v1/query",
+                }
                 for r in rows:
-                    what = f"{r['nodes']} nodes" if r["role"] == "nodes" else "send tasks: POST /v1/tasks"
+                    what = f"{r['nodes']} nodes" if r["role"] == "nodes" else what_by_role[r["role"]]
                     print(f"  {r['role']:<10} {r['index']:>3}  {r['url']:<24} pid {r['pid']:<7} {what}")
             if args.foreground:
                 print("serving; Ctrl-C stops the cluster", file=sys.stderr)
@@ -142,13 +181,12 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
 
 def cmd_load(args: argparse.Namespace) -> int:
-    import asyncio
     from pathlib import Path
 
     from lbtestbed.cluster import ClusterError, ClusterFile
-    from lbtestbed.loadgen.openloop import drive, poisson_tasks, read_trace, write_trace
+    from lbtestbed.loadgen.openloop import run_load, write_trace
+    from lbtestbed.loadgen.plan import build_plan
 
-    exp = load_spec(args.spec, args.set)
     urls = list(args.dispatcher)
     if not urls:
         try:
@@ -156,32 +194,59 @@ def cmd_load(args: argparse.Namespace) -> int:
         except ClusterError as e:
             print(f"lbt: error: {e}; give --dispatcher URL or start one with lbt cluster up", file=sys.stderr)
             return EXIT_BAD_INPUT
-    horizon = args.duration if args.duration is not None else exp.run.warmup + exp.run.duration
+    if args.locust_mode == "closed" and not args.locust:
+        print(
+            "lbt: error: --locust-mode closed needs --locust (lbt load itself is an open loop)",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
+    if args.locust_mode == "closed" and args.record:
+        print("lbt: error: --record: a closed loop has no arrival times to record", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    options = {
+        "mode": args.locust_mode,
+        "schedule": args.schedule,
+        "duration": args.duration,
+        "replay": args.replay,
+        "users": args.locust_users,
+        "max_outstanding": args.max_outstanding,
+    }
     try:
-        tasks = read_trace(Path(args.replay)) if args.replay else list(poisson_tasks(exp, horizon))
+        plan = build_plan(args.spec, args.set, dispatchers=urls, **options)
     except (OSError, ValueError) as e:
         print(f"lbt: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    exp, tasks = plan.exp, plan.tasks
     if args.record:
         write_trace(Path(args.record), tasks)
-    scale = exp.run.time_scale
     if not args.quiet:
-        span = tasks[-1][0] * scale if tasks else 0.0
+        span = plan.span
+        how = f"locust, {plan.mode} loop" if args.locust else "open loop"
         print(
             f"{exp.name}: {len(tasks)} tasks over {span:.1f} s wall ({len(tasks) / max(span, 1e-9):.0f}/s) "
-            f"to {len(urls)} dispatcher(s)",
+            f"to {len(urls)} dispatcher(s), {how}",
             file=sys.stderr,
         )
+    if args.locust:
+        from lbtestbed.loadgen.locust_run import LocustError, run_locust
 
-    def progress(done: int, total: int) -> None:
+        try:
+            summary = run_locust(
+                args.spec, args.set, urls, timeout=plan.hard_limit + 60, quiet=args.quiet, **options
+            )
+        except LocustError as e:
+            print(f"lbt: error: {e}", file=sys.stderr)
+            return EXIT_FAILED
+    else:
+
+        def progress(done: int, total: int) -> None:
+            if not args.quiet:
+                sys.stderr.write(f"\r  sent {done}/{total}")
+                sys.stderr.flush()
+
+        summary = run_load(urls, tasks, exp.run.time_scale, args.max_outstanding, progress).summary()
         if not args.quiet:
-            sys.stderr.write(f"\r  sent {done}/{total}")
-            sys.stderr.flush()
-
-    report = asyncio.run(drive(urls, tasks, scale, args.max_outstanding, progress))
-    if not args.quiet:
-        sys.stderr.write("\n")
-    summary = report.summary()
+            sys.stderr.write("\n")
     if args.json:
         json.dump(summary, sys.stdout, indent=1)
         sys.stdout.write("\n")
@@ -189,13 +254,123 @@ def cmd_load(args: argparse.Namespace) -> int:
         for key, value in summary.items():
             shown = f"{value:.4g}" if isinstance(value, float) else value
             print(f"  {key:<16} {shown}")
-        if report.late or report.outcomes["dropped"]:
+        if summary["late_sends"] or summary["dropped"]:
             print(
-                f"warning: the generator could not keep its schedule: {report.late} late sends, "
-                f"{report.outcomes['dropped']} dropped",
+                f"warning: the generator could not keep its schedule: {summary['late_sends']} late sends, "
+                f"{summary['dropped']} dropped",
                 file=sys.stderr,
             )
-    return EXIT_OK if report.outcomes["completed"] == len(tasks) else EXIT_FAILED
+        if plan.mode == "closed":
+            print(
+                f"note: a closed loop sends what the system lets it: {summary['sent']} tasks sent where an "
+                f"open loop would send about {plan.expected():.0f}",
+                file=sys.stderr,
+            )
+    return EXIT_OK if summary["completed"] == summary["scheduled"] else EXIT_FAILED
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from lbtestbed.analysis.report import terminal
+    from lbtestbed.cluster import ClusterError
+    from lbtestbed.runner import run_experiment
+
+    exp = load_spec(args.spec, args.set)  # a bad spec fails before anything starts
+    directory = (
+        Path(args.out) if args.out else Path("reports") / f"{exp.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
+    started = time.monotonic()
+
+    def say(line: str) -> None:
+        if not args.quiet:
+            print(f"[{time.monotonic() - started:6.1f} s] {line}", file=sys.stderr, flush=True)
+
+    from lbtestbed.analysis.scrape import ScrapeError
+    from lbtestbed.prometheus import PrometheusError
+
+    try:
+        rep, files = run_experiment(
+            args.spec,
+            args.set,
+            directory,
+            say,
+            simulate=not args.no_simulation,
+            endpoints=Path(args.endpoints) if args.endpoints else None,
+            dispatchers=args.dispatchers,
+            node_processes=args.node_processes,
+            prometheus=args.prometheus,
+            with_prometheus=args.with_prometheus,
+            netns=args.netns,
+            bandwidth=args.bandwidth or "",
+        )
+    except (ClusterError, ScrapeError, PrometheusError) as e:
+        print(f"lbt: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    if args.json:
+        json.dump(rep.to_json(), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        print(terminal(rep))
+        print(f"report: {directory / 'report.md'} (results.json and {len(files) - 2} plots beside it)")
+    return EXIT_OK if rep.agrees else EXIT_FAILED
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from lbtestbed.analysis.report import table
+    from lbtestbed.analysis.scrape import ScrapeError
+    from lbtestbed.cluster import ClusterError
+    from lbtestbed.prometheus import PrometheusError
+    from lbtestbed.sweep import rows, sweep, write
+
+    exp = load_spec(args.spec)  # the file itself first; every point is checked before the first runs
+    directory = (
+        Path(args.out) if args.out else Path("reports") / f"sweep-{exp.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
+    started = time.monotonic()
+
+    def say(line: str) -> None:
+        if not args.quiet:
+            print(f"[{time.monotonic() - started:6.1f} s] {line}", file=sys.stderr, flush=True)
+
+    try:
+        points = sweep(
+            args.spec,
+            args.set,
+            directory,
+            say,
+            simulate_only=args.simulate_only,
+            jobs=args.jobs,
+            dispatchers=args.dispatchers,
+            node_processes=args.node_processes,
+        )
+    except (ClusterError, ScrapeError, PrometheusError) as e:
+        print(f"lbt: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    write(directory, args.spec, points)
+    if args.json:
+        json.dump({"spec": args.spec, "points": [p.to_json() for p in points]}, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        print(table(rows(points)))
+        print(f"sweep: {directory / 'sweep.md'} (sweep.json and tradeoff.png beside it)")
+    return EXIT_OK if all(p.agrees is not False for p in points) else EXIT_FAILED
+
+
+def _add_netns(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--netns",
+        action="store_true",
+        help="every node process in its own network namespace on a bridge, so that traffic crosses real "
+        "interfaces (root and iproute2; removed again by down, also after a crash)",
+    )
+    parser.add_argument(
+        "--bandwidth",
+        metavar="RATE",
+        help="with --netns: limit every node's link to this tc rate in both directions, e.g. 100mbit",
+    )
 
 
 def _add_overrides(parser: argparse.ArgumentParser) -> None:
@@ -285,7 +460,28 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="tasks a node holds before it refuses with 503 (default 100000)",
     )
+    clu.add_argument(
+        "--with-prometheus",
+        action="store_true",
+        help="also start a Prometheus server that scrapes the cluster (needs the prometheus binary: "
+        "make prometheus); down stops it",
+    )
+    clu.add_argument(
+        "--scrape-interval",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="Prometheus scrape and rule interval (default 1; 0.1 to 10)",
+    )
+    clu.add_argument(
+        "--prometheus-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="Prometheus port on 127.0.0.1 (default: a free one; 9090 matches deploy/grafana's datasource)",
+    )
     _add_overrides(clu)
+    _add_netns(clu)
     clu.add_argument("--json", action="store_true", help="print the processes as JSON")
     clu.add_argument("--foreground", action="store_true", help="stay until Ctrl-C, then stop the cluster")
     clu.set_defaults(func=cmd_cluster)
@@ -295,7 +491,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="drive a cluster with the spec's open-loop Poisson workload",
         description="Send the spec's tasks (Poisson arrivals, seeded work sizes: the simulator's tasks for "
         "the same seed) on an absolute schedule, never waiting for earlier tasks; sojourn is measured from "
-        "each task's intended send time. Exit code 0 when every task completed, 1 otherwise.",
+        "each task's intended send time. --schedule changes the rate over time; --locust sends the same "
+        "tasks from locust instead (docs/load.md). Exit code 0 when every task completed, 1 otherwise.",
     )
     load.add_argument("spec", help="experiment spec (TOML)")
     load.add_argument(
@@ -324,10 +521,98 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="drop (and count) a task when N are outstanding (default 10000)",
     )
+    load.add_argument(
+        "--schedule",
+        metavar="TEXT",
+        help="rate schedule over model time instead of the spec's constant rate: steps DURATION@MULT and "
+        "ramps DURATION@MULT->MULT, MULT times the spec's rate, e.g. '60@1, 30@1->2, 60@2' (docs/load.md)",
+    )
+    load.add_argument(
+        "--locust", action="store_true", help="send the tasks from locust, headless (docs/load.md)"
+    )
+    load.add_argument(
+        "--locust-mode",
+        choices=("open", "closed"),
+        default="open",
+        help="with --locust: open (Poisson, the default) or closed (users that wait for each reply)",
+    )
+    load.add_argument(
+        "--locust-users",
+        type=int,
+        default=20,
+        metavar="N",
+        help="with --locust-mode closed: users at the spec's rate (default 20)",
+    )
     _add_overrides(load)
     load.add_argument("--json", action="store_true", help="print the summary as JSON")
     load.add_argument("--quiet", action="store_true", help="no progress on stderr")
     load.set_defaults(func=cmd_load)
+
+    run = sub.add_parser(
+        "run",
+        help="run an experiment on a local cluster and compare it with the simulator and the theory",
+        description="Start a cluster for the spec (or use --endpoints), drive it with the open-loop "
+        "generator, measure the window [warmup, warmup + duration] batch by batch, stop the cluster, then "
+        "simulate the same tasks and predict the same experiment. Writes a report directory (results.json, "
+        "report.md, PNG plots) and prints the comparison. Exit code 0 when every comparison that counts "
+        "agrees, 1 when one disagrees or the run failed, 2 on bad input.",
+    )
+    run.add_argument("spec", help="experiment spec (TOML), see docs/spec.md")
+    run.add_argument("--out", metavar="DIR", help="report directory (default reports/<name>-<date>-<time>)")
+    run.add_argument(
+        "--endpoints",
+        metavar="FILE",
+        help="run on an existing cluster described by this cluster file instead of starting one",
+    )
+    run.add_argument("--dispatchers", type=int, default=1, metavar="K", help="dispatchers (default 1)")
+    run.add_argument(
+        "--node-processes", type=int, default=None, metavar="P", help="node processes (default 2 per core)"
+    )
+    metrics = run.add_mutually_exclusive_group()
+    metrics.add_argument(
+        "--prometheus",
+        metavar="URL",
+        help="read the counters from this Prometheus server (it must scrape the cluster)",
+    )
+    metrics.add_argument(
+        "--with-prometheus",
+        action="store_true",
+        help="start a Prometheus server for the run and read the counters from it (default: scrape "
+        "every process's /metrics directly)",
+    )
+    _add_netns(run)
+    run.add_argument("--no-simulation", action="store_true", help="compare with the theory only")
+    _add_overrides(run)
+    run.add_argument("--json", action="store_true", help="print results.json's object instead of the table")
+    run.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    run.set_defaults(func=cmd_run)
+
+    swp = sub.add_parser(
+        "sweep",
+        help="run a grid of experiments (policies x loads x ...) and plot messages against performance",
+        description="Every combination of the --set values (comma-separated: --set policy.name=jiq,"
+        "power_of_d --set workload.load=0.5,0.9) runs as an `lbt run` on a cluster, or as a simulation with "
+        "--simulate-only. Writes sweep.json, sweep.md and tradeoff.png (messages per task against mean "
+        "sojourn, or utility for pools) and prints the combined table. Exit code 0 when every cluster run "
+        "agrees, 1 otherwise, 2 on bad input.",
+    )
+    swp.add_argument("spec", help="experiment spec (TOML), see docs/spec.md")
+    swp.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=V1[,V2...]",
+        help="a spec key and its values; the grid is every combination (values are TOML; brackets and "
+        "quotes keep commas inside a value)",
+    )
+    swp.add_argument("--simulate-only", action="store_true", help="simulate each point, no cluster")
+    swp.add_argument("--out", metavar="DIR", help="sweep directory (default reports/sweep-<name>-<time>)")
+    swp.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel simulations")
+    swp.add_argument("--dispatchers", type=int, default=1, metavar="K", help="dispatchers per cluster")
+    swp.add_argument("--node-processes", type=int, default=None, metavar="P", help="node processes")
+    swp.add_argument("--json", action="store_true", help="print sweep.json's object instead of the table")
+    swp.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    swp.set_defaults(func=cmd_sweep)
     return parser
 
 
