@@ -15,6 +15,8 @@ the number to track. Before reporting, the benchmark checks that both models mea
     .venv/bin/python benchmarks/bench_simulator.py            # table, about a minute
     .venv/bin/python benchmarks/bench_simulator.py --json     # one JSON object on stdout
     .venv/bin/python benchmarks/bench_simulator.py --profile  # cProfile of one lbtestbed run
+    .venv/bin/python benchmarks/bench_simulator.py --compiled # also the mypyc build (analysis/compiled.py)
+    .venv/bin/python benchmarks/bench_simulator.py --instructions  # instructions per event (valgrind)
 
 See ``benchmarks/README.md``.
 """
@@ -26,30 +28,38 @@ import cProfile
 import gc
 import io
 import json
+import os
 import platform
 import pstats
 import random
+import re
+import shutil
 import statistics
+import subprocess
 import sys
 import time
 from collections import deque
 from collections.abc import Callable, Generator
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import simpy
 
+from lbtestbed.analysis import compiled
 from lbtestbed.analysis.simulator import Simulator
 from lbtestbed.spec import Experiment, parse_spec
 
 TARGET_RATIO = 3.0  # the project's goal: lbtestbed at least 3x SimPy's events per second
+#: --instructions: the warm-up and the two measured lengths whose difference gives the cost of an event
+INSTR_WARMUP, INSTR_DURATIONS = 5.0, (2.0, 22.0)
 
 
 @dataclass
 class Measured:
     """One timed run of one simulator."""
 
-    side: str  # "lbtestbed" or "simpy"
+    side: str  # "lbtestbed", "compiled" (lbtestbed's mypyc build) or "simpy"
     round: int
     seed: int
     events: int  # arrivals + completions processed
@@ -80,16 +90,26 @@ def experiment(nodes: int, load: float, warmup: float, duration: float, seed: in
     return parse_spec(spec, "<benchmark>")
 
 
-def run_lbtestbed(nodes: int, load: float, warmup: float, duration: float, seed: int, rnd: int) -> Measured:
+def run_lbtestbed(
+    nodes: int,
+    load: float,
+    warmup: float,
+    duration: float,
+    seed: int,
+    rnd: int,
+    side: str = "lbtestbed",
+    simulator: Any = Simulator,
+) -> Measured:
+    """One timed run of lbtestbed's simulator: ``simulator`` is the pure-Python class or the compiled one."""
     exp = experiment(nodes, load, warmup, duration, seed)
     wall = time.perf_counter()
-    sim = Simulator(exp)
+    sim = simulator(exp)
     raw = sim.run()
     wall = time.perf_counter() - wall
     soj_num, soj_den = raw.ratios["mean_sojourn"]
     tasks_num, _ = raw.ratios["mean_tasks_per_node"]  # node task-seconds, batch by batch
     return Measured(
-        "lbtestbed",
+        side,
         rnd,
         seed,
         raw.events,
@@ -368,24 +388,37 @@ def pooled(runs: list[Measured], nodes: int, duration: float) -> dict[str, float
 
 def benchmark(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
     simpy_run = SIMPY_MODELS[args.simpy_model]
+    runners: dict[str, Callable[[int, float, float, float, int, int], Measured]] = {
+        "lbtestbed": run_lbtestbed,
+        "simpy": simpy_run,
+    }
+    if args.compiled:
+        compiled_simulator = compiled.load().Simulator
+
+        def run_compiled(
+            nodes: int, load: float, warmup: float, duration: float, seed: int, rnd: int
+        ) -> Measured:
+            return run_lbtestbed(nodes, load, warmup, duration, seed, rnd, "compiled", compiled_simulator)
+
+        runners["compiled"] = run_compiled
+    sides = list(runners)
     # one short untimed run of each side first, so that no timed run pays for first-use costs
-    run_lbtestbed(args.nodes, args.load, 1.0, 4.0, args.seed, -1)
-    simpy_run(args.nodes, args.load, 1.0, 4.0, args.seed, -1)
+    for run in runners.values():
+        run(args.nodes, args.load, 1.0, 4.0, args.seed, -1)
     runs: list[Measured] = []
     for rnd in range(args.rounds):
         seed = args.seed + rnd
-        order = ("lbtestbed", "simpy") if rnd % 2 == 0 else ("simpy", "lbtestbed")
-        for side in order:
+        shift = rnd % len(sides)  # each side goes first in turn
+        for side in sides[shift:] + sides[:shift]:
             gc.collect()
-            run = run_lbtestbed if side == "lbtestbed" else simpy_run
-            m = run(args.nodes, args.load, args.warmup, args.duration, seed, rnd)
+            m = runners[side](args.nodes, args.load, args.warmup, args.duration, seed, rnd)
             runs.append(m)
             log(
                 f"  round {rnd + 1}/{args.rounds} {side:<9} {m.events:>9,} events in {m.wall_s:6.2f} s "
                 f"= {m.events_per_s:>9,.0f} events/s (model time {m.model_time:,.1f} s)"
             )
-    lb = [r for r in runs if r.side == "lbtestbed"]
-    sp = [r for r in runs if r.side == "simpy"]
+    by_side = {side: sorted((r for r in runs if r.side == side), key=lambda r: r.round) for side in sides}
+    lb, sp = by_side["lbtestbed"], by_side["simpy"]
     lb_rate = statistics.median(r.events_per_s for r in lb)
     sp_rate = statistics.median(r.events_per_s for r in sp)
     ratio = lb_rate / sp_rate
@@ -400,7 +433,7 @@ def benchmark(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str,
         for key in stats_lb
     }
     agree = all(abs(v["relative_difference"]) <= args.tolerance for v in agreement.values())
-    return {
+    res: dict[str, Any] = {
         "lbtestbed_events_per_s": lb_rate,
         "simpy_events_per_s": sp_rate,
         "ratio": ratio,
@@ -423,10 +456,27 @@ def benchmark(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str,
         "mean_field_sojourn": mean_field_sojourn(args.load),
         "models_agree": agree,
         "tolerance": args.tolerance,
-        "runs": [{**asdict(r), "events_per_s": r.events_per_s} for r in runs],
-        "python": platform.python_version(),
-        "simpy_version": simpy.__version__,
     }
+    if args.compiled:
+        cp = by_side["compiled"]
+        cp_rate = statistics.median(r.events_per_s for r in cp)
+        res["compiled"] = {
+            "events_per_s": cp_rate,
+            "ratio": cp_rate / sp_rate,
+            "ratio_per_round": [a.events_per_s / b.events_per_s for a, b in zip(cp, sp, strict=True)],
+            "speedup_over_python": cp_rate / lb_rate,
+            "meets_target": cp_rate / sp_rate >= TARGET_RATIO,
+            # the same seeds give the same run, to the last bit: the compiled side did the very same work
+            "identical_to_python": all(
+                (a.events, a.model_time, a.sojourn_sum, a.sojourn_count, a.task_seconds)
+                == (b.events, b.model_time, b.sojourn_sum, b.sojourn_count, b.task_seconds)
+                for a, b in zip(cp, lb, strict=True)
+            ),
+        }
+    res["runs"] = [{**asdict(r), "events_per_s": r.events_per_s} for r in runs]
+    res["python"] = platform.python_version()
+    res["simpy_version"] = simpy.__version__
+    return res
 
 
 def print_table(res: dict[str, Any]) -> None:
@@ -445,6 +495,8 @@ def print_table(res: dict[str, Any]) -> None:
         print(
             f"{side:<12}{res[key]:>20,.0f}{ag['mean_sojourn'][s]:>15.4f}{ag['mean_tasks_per_node'][s]:>13.4f}"
         )
+    if "compiled" in res:
+        print(f"{'  (mypyc)':<12}{res['compiled']['events_per_s']:>20,.0f}{'same runs':>15}")
     print(f"{'mean field':<12}{'':>20}{res['mean_field_sojourn']:>15.4f}")
     print()
     per_round = ", ".join(f"{r:.2f}" for r in res["ratio_per_round"])
@@ -453,6 +505,16 @@ def print_table(res: dict[str, Any]) -> None:
         f"ratio lbtestbed / SimPy: {res['ratio']:.2f}x (per round: {per_round}); "
         f"target {res['target_ratio']:g}x: {verdict}"
     )
+    if "compiled" in res:
+        cp = res["compiled"]
+        per_round = ", ".join(f"{r:.2f}" for r in cp["ratio_per_round"])
+        verdict = "meets" if cp["meets_target"] else "below"
+        print(
+            f"ratio lbtestbed (mypyc) / SimPy: {cp['ratio']:.2f}x (per round: {per_round}); "
+            f"target {res['target_ratio']:g}x: {verdict}; {cp['speedup_over_python']:.2f}x pure Python"
+        )
+        same = "yes" if cp["identical_to_python"] else "NO"
+        print(f"compiled runs identical to the pure-Python runs: {same}")
     diffs = ", ".join(f"{k} {100 * v['relative_difference']:+.2f}%" for k, v in ag.items())
     word = "agree" if res["models_agree"] else "DISAGREE"
     print(f"models {word} (tolerance {100 * res['tolerance']:g}%): {diffs}")
@@ -470,6 +532,92 @@ def profile(args: argparse.Namespace, top: int = 25) -> None:
     stats.sort_stats("tottime").print_stats(top)
     print(f"{raw.events:,} events in {raw.wall_seconds:.2f} s under cProfile")
     print(out.getvalue())
+
+
+def run_side(args: argparse.Namespace, side: str) -> Measured:
+    """One untimed run of one side with the flags' settings (for --instructions)."""
+    if side == "simpy":
+        return SIMPY_MODELS[args.simpy_model](args.nodes, args.load, args.warmup, args.duration, args.seed, 0)
+    simulator = compiled.load().Simulator if side == "compiled" else Simulator
+    return run_lbtestbed(args.nodes, args.load, args.warmup, args.duration, args.seed, 0, side, simulator)
+
+
+def instructions_per_event(args: argparse.Namespace, side: str) -> float:
+    """Machine instructions per model event of one side, counted by valgrind's callgrind.
+
+    The difference of a short and a long run of the same seed, divided by the difference of their events:
+    what both runs share cancels (start-up, imports, building the model, the batch boundaries, the
+    result), and what is left is the steady-state cost of an event. Unlike wall time it does not depend
+    on what else the machine runs.
+    """
+    base = [sys.executable, str(Path(__file__).resolve()), "--child", side, "--nodes", str(args.nodes)]
+    base += ["--load", repr(args.load), "--warmup", repr(INSTR_WARMUP), "--seed", str(args.seed)]
+    base += ["--simpy-model", args.simpy_model]
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    # a first run outside the count, so that neither counted run compiles .pyc files
+    subprocess.run([*base, "--duration", "1"], env=env, capture_output=True, check=True)
+    counts = []
+    for duration in INSTR_DURATIONS:
+        cmd = [
+            "valgrind",
+            "--tool=callgrind",
+            "--callgrind-out-file=/dev/null",
+            *base,
+            "--duration",
+            repr(duration),
+        ]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+        found = re.search(r"Collected : (\d+)", proc.stderr)
+        if proc.returncode != 0 or found is None:
+            lines = proc.stderr.strip().splitlines()
+            raise SystemExit(
+                f"bench_simulator: {side} under valgrind failed: {lines[-1] if lines else proc.returncode}"
+            )
+        counts.append((int(proc.stdout.split()[-1]), int(found.group(1))))
+    (events1, instr1), (events2, instr2) = counts
+    return (instr2 - instr1) / (events2 - events1)
+
+
+def count_instructions(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
+    sides = ["lbtestbed", "simpy"] + (["compiled"] if args.compiled else [])
+    per_event: dict[str, float] = {}
+    for side in sides:
+        per_event[side] = instructions_per_event(args, side)
+        log(f"  {side:<9} {per_event[side]:>9,.0f} instructions per event")
+    return {
+        "instructions_per_event": per_event,
+        "ratio": per_event["simpy"] / per_event["lbtestbed"],
+        **({"compiled_ratio": per_event["simpy"] / per_event["compiled"]} if args.compiled else {}),
+        "target_ratio": TARGET_RATIO,
+        "simpy_model": args.simpy_model,
+        "config": {
+            "nodes": args.nodes,
+            "load": args.load,
+            "warmup": INSTR_WARMUP,
+            "durations": INSTR_DURATIONS,
+        },
+        "python": platform.python_version(),
+        "simpy_version": simpy.__version__,
+    }
+
+
+def print_instructions(res: dict[str, Any]) -> None:
+    cfg, per_event = res["config"], res["instructions_per_event"]
+    print()
+    print(
+        f"JSQ(2), {cfg['nodes']} fcfs nodes, load {cfg['load']:g}; instructions per model event (valgrind "
+        f"callgrind, runs of {cfg['durations'][1]:g} - {cfg['durations'][0]:g} model seconds), "
+        f"SimPy model: {res['simpy_model']}"
+    )
+    print()
+    names = {"lbtestbed": "lbtestbed", "simpy": "SimPy", "compiled": "  (mypyc)"}
+    for side, value in per_event.items():
+        ratio = f"{per_event['simpy'] / value:>10.2f}x" if side != "simpy" else ""
+        print(f"{names[side]:<12}{value:>12,.0f}{ratio}")
+    print()
+    print(f"ratio lbtestbed / SimPy (fewer instructions per event is faster): {res['ratio']:.2f}x")
+    if "compiled_ratio" in res:
+        print(f"ratio lbtestbed (mypyc) / SimPy: {res['compiled_ratio']:.2f}x")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -503,15 +651,44 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--profile", action="store_true", help="only cProfile one lbtestbed run (top 25 by tottime)"
     )
+    p.add_argument(
+        "--compiled",
+        action="store_true",
+        help="also time the mypyc build of the simulator (python -m lbtestbed.analysis.compiled build)",
+    )
+    p.add_argument(
+        "--instructions",
+        action="store_true",
+        help="count instructions per model event under valgrind instead of timing (steady on a busy machine)",
+    )
+    p.add_argument("--child", choices=["lbtestbed", "simpy", "compiled"], help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.nodes < 2 or args.rounds < 1 or not 0 < args.load < 1 or args.duration <= 0 or args.warmup < 0:
         p.error("need --nodes >= 2, --rounds >= 1, 0 < --load < 1, --duration > 0, --warmup >= 0")
     if args.profile:
         profile(args)
         return 0
+    if args.child:  # one run for --instructions: print its events
+        print(run_side(args, args.child).events)
+        return 0
+    if args.compiled:
+        try:
+            compiled.load()
+        except compiled.Unavailable as e:
+            p.error(f"--compiled: {e}")
 
     def log(line: str) -> None:
         print(line, file=sys.stderr if args.json else sys.stdout, flush=True)
+
+    if args.instructions:
+        if shutil.which("valgrind") is None:
+            p.error("--instructions needs valgrind on PATH (Debian package valgrind)")
+        counted = count_instructions(args, log)
+        if args.json:
+            print(json.dumps(counted, indent=2))
+        else:
+            print_instructions(counted)
+        return 0
 
     res = benchmark(args, log)
     if args.json:
@@ -520,6 +697,9 @@ def main(argv: list[str] | None = None) -> int:
         print_table(res)
     if not res["models_agree"]:
         print("the two models measured different systems: the speed comparison is void", file=sys.stderr)
+        return 1
+    if "compiled" in res and not res["compiled"]["identical_to_python"]:
+        print("the compiled simulator's runs differ from the pure-Python ones", file=sys.stderr)
         return 1
     return 0
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import os
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from lbtestbed.policies import (
     make_dispatcher,
     make_node_sides,
 )
+from lbtestbed.policies.sampling import InstantProbe
 from lbtestbed.policies.slta import SLTADispatcher
 from lbtestbed.server_node.models import NodeModel, make_node
 from lbtestbed.spec import Experiment, seed_sequence, seeded_random
@@ -304,26 +306,29 @@ class Simulator:
     def _boundary(self, t: float) -> None:
         """Close the batch that ends at t (or open the first one) and step to the next."""
         self.now = t
-        for node in self.nodes:
-            node.advance(t)
         self._total_changes(t, 0)
         if self.slta is not None:
             self._r_changes(t, self.r)
-        classes = self.exp.classes
-        time_at = [np.zeros(1) for _ in classes]
+        # per-class sums of the nodes' time_at, node by node in order; plain floats add exactly as numpy
+        # would, without a numpy call per node
+        sums: list[list[float]] = [[0.0] for _ in self.exp.classes]
         task_s = util_s = idle_speed = idle = 0.0
-        for c, node in zip(self.exp.node_class, self.nodes, strict=True):
+        node_class = self.exp.node_class
+        for k, node in enumerate(self.nodes):
+            node.advance(t)
             ta = node.time_at
-            if len(ta) > len(time_at[c]):
-                time_at[c] = np.pad(time_at[c], (0, len(ta) - len(time_at[c])))
-            time_at[c][: len(ta)] += ta
+            acc = sums[node_class[k]]
+            if len(ta) > len(acc):
+                acc.extend([0.0] * (len(ta) - len(acc)))
+            for j, v in enumerate(ta):
+                acc[j] += v
             task_s += node.task_seconds
             util_s += node.utility_seconds
             idle_speed += node.speed * ta[0]
             idle += ta[0]
         self.snapshots.append(
             {
-                "time_at": time_at,
+                "time_at": [np.array(acc) for acc in sums],
                 "task_s": task_s,
                 "util_s": util_s,
                 "idle_speed": idle_speed,
@@ -395,15 +400,29 @@ class Simulator:
         Probes, tasks and messages are delivered at once, so the heap holds only completions, and the
         plumbing methods of the general loop are inlined here. Policy and node objects are called as usual.
         """
-        heap: list[tuple[float, int, int, int]] = []
-        push, pop = heapq.heappush, heapq.heappop
         disp, nodes, sides = self.dispatcher, self.nodes, self.sides
-        dispatch, resolve, on_done = disp.dispatch, disp.resolve, disp.on_task_done
-        version, scheduled = self.version, self.scheduled
         plain_probe = all(type(s).probe_reply is NodeSide.probe_reply for s in sides)
         quiet_arrival = all(type(s).on_arrival is NodeSide.on_arrival for s in sides)
         quiet_departure = all(type(s).on_departure is NodeSide.on_departure for s in sides)
         ignores_done = type(disp).on_task_done is DispatcherSide.on_task_done
+        instant_probe = getattr(disp, "instant_probe", None)
+        if (
+            instant_probe is not None
+            and plain_probe
+            and quiet_arrival
+            and quiet_departure
+            and ignores_done
+            and self.slta is None
+        ):
+            occupancy = [node.x for node in nodes]
+            fast = instant_probe(occupancy)
+            if fast is not None:
+                self._run_instant(boundaries, drain_until, fast, occupancy)
+                return
+        heap: list[tuple[float, int, int, int]] = []
+        push, pop = heapq.heappush, heapq.heappop
+        dispatch, resolve, on_done = disp.dispatch, disp.resolve, disp.on_task_done
+        version, scheduled = self.version, self.scheduled
         probe_counts = self.msg_counts.get("probe")
         reply_counts = self.msg_counts.get("probe_reply")
         arrivals, fcfs_arrivals, fcfs_waits = self.arrivals, self.fcfs_arrivals, self.fcfs_waits
@@ -532,6 +551,144 @@ class Simulator:
         self.outstanding = outstanding
         self.events = events
 
+    def _run_instant(
+        self, boundaries: list[float], drain_until: float, probe: InstantProbe, occupancy: list[int]
+    ) -> None:
+        """The fused loop specialised for a policy that decides by one instant probe and says nothing else.
+
+        Power-of-d without network delay: ``probe.pick()`` routes each task (see ``InstantProbe``), node
+        sides send no messages and the dispatcher wants no completions back. Every step of ``_run_direct``
+        that such a policy never takes is left out, and every step it takes is kept in the same order with
+        the same arithmetic, so both loops give the same run to the last bit. ``occupancy[k]`` mirrors
+        ``nodes[k].x`` for ``pick``. Counts that follow from others (probes and replies per task, the
+        single outcome, a single class's sojourns) are filled in after the loop.
+        """
+        # the sentinel never leaves the heap (arrivals come first at equal times and never end), so
+        # heap[0] always exists
+        heap: list[tuple[float, int, int, int]] = [(INF, 0, -1, -1)]
+        push, pop, replace = heapq.heappush, heapq.heappop, heapq.heapreplace
+        pick = probe.pick
+        nodes = self.nodes
+        version, scheduled = self.version, self.scheduled
+        arrivals, fcfs_arrivals, fcfs_waits = self.arrivals, self.fcfs_arrivals, self.fcfs_waits
+        is_fcfs, node_class = self.is_fcfs, self.exp.node_class
+        sojourn, sojourn_class = self.sojourn, self.sojourn_class
+        one_class = len(sojourn_class) == 1
+        workload = self.workload
+        times, works = workload.next_block()
+        block = len(times)
+        ai, count = 0, 0
+        t_arr, work = times[0], works[0]
+        nb = len(boundaries)
+        bi, next_boundary = 0, boundaries[0]
+        batch = self.batch
+        seq = 0
+        now = self.now
+        n_sys, tot_last, tot_area, tot_area2 = self.in_system, self.tot_last, self.tot_area, self.tot_area2
+        n_sys0 = n_sys
+        outstanding = self.outstanding
+        report = [time.perf_counter() + 1.0]
+        while True:
+            top = heap[0]
+            t_heap = top[0]
+            t = t_arr if t_arr <= t_heap else t_heap
+            if t >= next_boundary:
+                self.in_system, self.tot_last, self.tot_area, self.tot_area2 = (
+                    n_sys,
+                    tot_last,
+                    tot_area,
+                    tot_area2,
+                )
+                self._boundary(next_boundary)
+                n_sys, tot_last, tot_area, tot_area2 = (
+                    self.in_system,
+                    self.tot_last,
+                    self.tot_area,
+                    self.tot_area2,
+                )
+                now = next_boundary
+                batch = self.batch
+                bi += 1
+                next_boundary = boundaries[bi] if bi < nb else INF
+                continue
+            if bi >= nb and (outstanding == 0 or t > drain_until):
+                break
+            dt = t - tot_last
+            tot_area += n_sys * dt
+            tot_area2 += n_sys * n_sys * dt
+            tot_last = t
+            if t_arr <= t_heap:
+                now = t
+                count += 1
+                task = Task(count, work, t, 0, batch)
+                n_sys += 1
+                k = pick()
+                node = nodes[k]
+                if node.arrive(task, t):
+                    waits = True  # a waiting task leaves the next completion alone (NodeModel.arrive)
+                else:
+                    waits = False
+                    nc = node.next_completion()
+                    if nc != scheduled[k]:
+                        v = version[k] = version[k] + 1
+                        scheduled[k] = nc
+                        if nc < INF:
+                            seq += 1
+                            push(heap, (nc, seq, k, v))
+                occupancy[k] = node.x
+                if batch >= 0:
+                    arrivals[batch] += 1
+                    outstanding += 1
+                    if is_fcfs[k]:
+                        fcfs_arrivals[batch] += 1
+                        fcfs_waits[batch] += waits
+                ai += 1
+                if ai == block:
+                    times, works = workload.next_block()
+                    block, ai = len(times), 0
+                    self._tick(t, drain_until, report)
+                t_arr, work = times[ai], works[ai]
+            else:
+                _, _, k, v = top
+                if v != version[k]:
+                    pop(heap)  # a stale completion is no model event
+                    continue
+                now = t
+                node = nodes[k]
+                task = node.complete(t)
+                occupancy[k] = node.x
+                n_sys -= 1
+                nc = node.next_completion()
+                scheduled[k] = nc
+                if nc < INF:
+                    # the top entry was k's only live one: its successor can keep the version, and
+                    # replacing the top is one sift instead of two (the order of events is unchanged:
+                    # (time, seq) keys are unique)
+                    seq += 1
+                    replace(heap, (nc, seq, k, v))
+                else:
+                    pop(heap)
+                b = task.batch
+                if b >= 0:
+                    s = t - task.arrived
+                    sojourn[b].append(s)
+                    if not one_class:
+                        sojourn_class[node_class[k]][b].append(s)
+                    outstanding -= 1
+        events = 2 * count - (n_sys - n_sys0)  # every arrival, and every arrival that has left
+        self.now = now
+        self.in_system, self.tot_last, self.tot_area, self.tot_area2 = n_sys, tot_last, tot_area, tot_area2
+        self.outstanding = outstanding
+        self.events = events
+        for kind in ("probe", "probe_reply"):
+            counts = self.msg_counts[kind]
+            for b, a in enumerate(arrivals):
+                counts[b] += probe.probes * a  # every task probes, and every probe is answered
+        if any(arrivals):
+            self.decisions[probe.outcome] += sum(arrivals)
+        if one_class:
+            sojourn_class[0] = [list(s) for s in sojourn]
+
     def _raw(self, wall: float) -> RawRun:
         exp, B, T = self.exp, self.B, self.batch_len
         snaps = self.snapshots
@@ -595,5 +752,12 @@ class Simulator:
 
 
 def simulate_once(exp: Experiment, replication: int = 0, progress: Progress | None = None) -> RawRun:
-    """Run one replication."""
+    """Run one replication; ``LBT_SIMULATOR=compiled`` runs it on the mypyc build (``analysis/compiled.py``),
+    which gives the same result faster."""
+    if os.environ.get("LBT_SIMULATOR", "python") != "python":
+        from lbtestbed.analysis import compiled  # it imports this module: not at the top
+
+        raw = compiled.run_selected(exp, replication, progress)  # None: not asked for, or not available
+        if isinstance(raw, RawRun):
+            return raw
     return Simulator(exp, replication, progress).run()

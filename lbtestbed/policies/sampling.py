@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from lbtestbed.policies.base import DispatcherSide, Probe, Route, sample_distinct, sample_with_replacement
 from lbtestbed.spec import Experiment
+
+
+class InstantProbe(NamedTuple):
+    """A probing policy's fast path for a driver whose probes are answered at once (the simulator without
+    network delay): ``pick()`` makes the whole decision, ``dispatch`` and ``resolve`` in one call."""
+
+    pick: Callable[[], int]  # the node the task joins
+    probes: int  # probes per task, each answered by one probe_reply
+    outcome: str  # the Route.outcome that resolve would give
 
 
 class _Sampler(DispatcherSide):
@@ -50,6 +60,42 @@ class PowerOfDDispatcher(_Sampler):
         sign = 1.0 if self.tie_break == "fastest" else -1.0
         best = max(sign * self.speeds[k] for k in tied)
         return Route(next(k for k in tied if sign * self.speeds[k] == best), "probed")
+
+    def instant_probe(self, occupancy: Sequence[int]) -> InstantProbe | None:
+        """``dispatch`` and ``resolve`` fused, when every probed node k replies ``occupancy[k]`` at once.
+
+        ``pick()`` draws exactly the random numbers ``dispatch`` draws, in the same order, and returns the
+        node ``resolve`` would choose, so a run is the same to the last bit either way; it only saves the
+        probe, reply and route objects (the simulator's hottest path). ``occupancy`` is read at each call.
+        None when ties go by speed: that rule stays on the general path.
+        """
+        if self.tie_break != "random":
+            return None
+        rng, n, d, sample = self.rng, self.n, self.d, self._sample
+        if d == 2 and sample is sample_distinct:
+            draw, n1 = rng.random, n - 1
+
+            def pick() -> int:
+                # sample_distinct(rng, n, 2) and _first_min, inlined: the first of the two in random order
+                # unless the second holds fewer tasks
+                a = int(draw() * n)
+                b = int(draw() * n1)
+                if b >= a:
+                    b += 1
+                return b if occupancy[b] < occupancy[a] else a
+
+        else:
+
+            def pick() -> int:
+                probed = sample(rng, n, d)
+                best = probed[0]
+                low = occupancy[best]
+                for k in probed:
+                    if occupancy[k] < low:
+                        best, low = k, occupancy[k]
+                return best
+
+        return InstantProbe(pick, d, "probed")
 
 
 class LeastRequestDispatcher(_Sampler):

@@ -2,7 +2,8 @@
 
 A model never reads a clock: every call carries ``now`` in model seconds. The simulator passes virtual time,
 the server node passes wall time divided by ``time_scale``. A driver asks ``next_completion()`` for the
-time of the next departure and calls ``complete(now)`` then; it must ask again after every arrival.
+time of the next departure and calls ``complete(now)`` then; it must ask again after every completion and
+after every arrival that does not wait.
 
 Every model keeps the exact time integrals of DESIGN principle 5: seconds spent with exactly k tasks,
 task-seconds and utility-seconds, advanced at every change of occupancy.
@@ -64,7 +65,10 @@ class NodeModel:
             self.time_at.append(0.0)
 
     def arrive(self, task: Task, now: float) -> bool:
-        """Accept a task; True when it has to wait for service (fcfs only)."""
+        """Accept a task; True when it has to wait for service (fcfs only).
+
+        A task that waits changes nothing about the tasks in service, so ``next_completion()`` is the same
+        as before the arrival: a driver need not ask again then (the simulator relies on it)."""
         raise NotImplementedError
 
     def next_completion(self) -> float:
