@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint demo bench clean prometheus
+.PHONY: test lint demo bench clean prometheus compiled
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ demo: $(STAMP) prometheus
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_simulator.py
+
+# Opt-in: the simulator's hot modules compiled with mypyc into build/ (used with LBT_SIMULATOR=compiled).
+compiled: $(STAMP)
+	$(BIN)/python -m lbtestbed.analysis.compiled build
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
