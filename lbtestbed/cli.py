@@ -269,26 +269,37 @@ def cmd_load(args: argparse.Namespace) -> int:
     return EXIT_OK if summary["completed"] == summary["scheduled"] else EXIT_FAILED
 
 
+def _stages(quiet: bool) -> Any:
+    """Progress lines for long commands (run, sweep): seconds since the start, then what happens now."""
+    started = time.monotonic()
+
+    def say(line: str) -> None:
+        if not quiet:
+            print(f"[{time.monotonic() - started:6.1f} s] {line}", file=sys.stderr, flush=True)
+
+    return say
+
+
+def _run_errors() -> tuple[type[Exception], ...]:
+    """What makes a cluster run fail without a bug: a process, a scrape or Prometheus (exit 1, one line)."""
+    from lbtestbed.analysis.scrape import ScrapeError
+    from lbtestbed.cluster import ClusterError
+    from lbtestbed.prometheus import PrometheusError
+
+    return (ClusterError, ScrapeError, PrometheusError)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from lbtestbed.analysis.report import terminal
-    from lbtestbed.cluster import ClusterError
     from lbtestbed.runner import run_experiment
 
     exp = load_spec(args.spec, args.set)  # a bad spec fails before anything starts
     directory = (
         Path(args.out) if args.out else Path("reports") / f"{exp.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
-    started = time.monotonic()
-
-    def say(line: str) -> None:
-        if not args.quiet:
-            print(f"[{time.monotonic() - started:6.1f} s] {line}", file=sys.stderr, flush=True)
-
-    from lbtestbed.analysis.scrape import ScrapeError
-    from lbtestbed.prometheus import PrometheusError
-
+    say = _stages(args.quiet)
     try:
         rep, files = run_experiment(
             args.spec,
@@ -304,7 +315,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             netns=args.netns,
             bandwidth=args.bandwidth or "",
         )
-    except (ClusterError, ScrapeError, PrometheusError) as e:
+    except _run_errors() as e:
         print(f"lbt: error: {e}", file=sys.stderr)
         return EXIT_FAILED
     if args.json:
@@ -320,21 +331,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from lbtestbed.analysis.report import table
-    from lbtestbed.analysis.scrape import ScrapeError
-    from lbtestbed.cluster import ClusterError
-    from lbtestbed.prometheus import PrometheusError
     from lbtestbed.sweep import rows, sweep, write
 
     exp = load_spec(args.spec)  # the file itself first; every point is checked before the first runs
     directory = (
         Path(args.out) if args.out else Path("reports") / f"sweep-{exp.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
-    started = time.monotonic()
-
-    def say(line: str) -> None:
-        if not args.quiet:
-            print(f"[{time.monotonic() - started:6.1f} s] {line}", file=sys.stderr, flush=True)
-
+    say = _stages(args.quiet)
     try:
         points = sweep(
             args.spec,
@@ -346,7 +349,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             dispatchers=args.dispatchers,
             node_processes=args.node_processes,
         )
-    except (ClusterError, ScrapeError, PrometheusError) as e:
+    except _run_errors() as e:
         print(f"lbt: error: {e}", file=sys.stderr)
         return EXIT_FAILED
     write(directory, args.spec, points)
