@@ -362,11 +362,15 @@ def test_jlmu_prefers_the_better_marginal_utility_over_the_emptier_pool() -> Non
 
 
 def test_jlmu_and_jsq_pools_report_every_departure() -> None:
+    """One notice per departure, carrying (tasks of the dispatcher that arrived, that left) at the pool."""
     world = World(experiment(TABLE1, {"name": "jlmu"}, load=1.0))
     k = world.arrive().node
-    world.arrive()
+    other = world.arrive().node
     world.depart(k)
-    assert world.to_dispatcher == [Message("departure", k, (), 0)]
+    arrived = 2 if other == k else 1
+    assert world.to_dispatcher == [Message("departure", k, (arrived, 1), 0)]
+    world.depart(other)
+    assert world.to_dispatcher[1] == Message("departure", other, (arrived, 2 if other == k else 1), 0)
     jsq = jsq_world("random")
     jsq.arrive()
     jsq.depart(jsq.arrive().node)
@@ -1121,7 +1125,7 @@ def test_jiq_node_sends_a_token_only_when_it_becomes_idle() -> None:
     assert side.on_arrival(1, 0, ()) == ()
     assert side.on_departure(2, 0) == ()
     assert side.on_departure(1, 0) == ()
-    assert side.on_departure(0, 0) == (Message("idle_token", 4, (), 0),)
+    assert side.on_departure(0, 0) == (Message("idle_token", 4, (1,), 0),)  # numbered by its 1 arrival
 
 
 def test_jiq_uses_tokens_then_random() -> None:
@@ -1131,8 +1135,9 @@ def test_jiq_uses_tokens_then_random() -> None:
     assert route.outcome == "random"
     world.depart(route.node)  # that node had 2 tasks: no token
     assert world.to_dispatcher == []
-    world.depart(2)  # 1 -> 0: an idle token
-    assert world.to_dispatcher == [Message("idle_token", 2, (), 0)]
+    world.depart(2)  # 1 -> 0: an idle token, numbered by node 2's arrivals (its first token's task, and
+    # the random one if that went to node 2)
+    assert world.to_dispatcher == [Message("idle_token", 2, (1 + (route.node == 2),), 0)]
     assert world.arrive() == Route(2, "idle_token")
     assert world.arrive().outcome == "random"
 
@@ -1142,11 +1147,11 @@ def test_jiq_tokens_are_not_duplicated(tie_break: str) -> None:
     world = jiq_world(tie_break, seed=14)
     drain(world)
     for k in (5, 5, 5, 1):  # node 5 (slow) announces itself three times, then node 1 (mid)
-        world.disp.on_message(Message("idle_token", k, (), 0))
-    assert world.disp.gauges() == {"idle_tokens": 2.0}
+        world.disp.on_message(Message("idle_token", k, (1,), 0))
+    assert world.disp.gauges() == {"idle_tokens": 2.0, "jiq_stale_tokens": 2.0}  # two duplicates dropped
     assert sorted(world.arrive().node for _ in range(2)) == [1, 5]
     assert world.arrive().outcome == "random"
-    assert world.disp.gauges() == {"idle_tokens": 0.0}
+    assert world.disp.gauges() == {"idle_tokens": 0.0, "jiq_stale_tokens": 2.0}
 
 
 def test_jiq_longest_idle_is_fifo() -> None:

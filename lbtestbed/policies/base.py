@@ -9,7 +9,7 @@ dispatcher and server node through HTTP, so both count the same messages.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, ClassVar, NamedTuple
 
 from lbtestbed.spec import Experiment
@@ -81,6 +81,37 @@ class DispatcherSide:
         """Policy state worth exporting (token counts, thresholds)."""
         return {}
 
+    # ------------------------------------------------------------------ faults (docs/faults.md)
+    # The networked dispatcher tracks node health; the simulator never calls these. A node's *report* is
+    # what its node side's ``report`` returned: the node's own account of its state and counters.
+
+    def on_node_down(self, node: int) -> None:
+        """``node`` stopped answering: route nothing to it until ``on_node_up``. Tasks already routed
+        there still end with ``on_task_done`` / ``on_task_failed``; no message of ``node`` arrives
+        while it is down."""
+
+    def on_node_up(self, node: int, report: tuple[int, ...], fresh: bool) -> tuple[Message, ...]:
+        """``node`` answers again; ``report`` is its state now. ``fresh``: the node (or this dispatcher)
+        started anew, so forget everything about it and start from the report (nothing of ours is in
+        flight to it, and no end of an earlier task of ours will be reported). Otherwise it was paused or
+        unreachable and kept its state: resume routing and correct what the report shows was missed.
+        Returns messages to send (an SLTA pool is told the current epoch)."""
+        return NO_MESSAGES
+
+    def reconcile(self, node: int, report: tuple[int, ...]) -> tuple[Message, ...]:
+        """A report at least one heartbeat interval old: every message ``node`` sent before it should
+        have arrived by now, so whatever the report shows that no message brought was lost. Apply it
+        (only if it is newer than what we know: reports and messages carry sequence numbers)."""
+        return NO_MESSAGES
+
+    def awaiting(self) -> Collection[int]:
+        """Nodes whose answer to a message of ours is outstanding (SLTA: pools told of the last epoch)."""
+        return ()
+
+    def resend(self, node: int) -> tuple[Message, ...]:
+        """The message to repeat to ``node`` when its answer is overdue."""
+        return NO_MESSAGES
+
 
 class NodeSide:
     """The node half of a policy: messages a node sends on its own events."""
@@ -102,6 +133,11 @@ class NodeSide:
     def probe_reply(self, x: int) -> int:
         """What a probe learns from a node holding ``x`` tasks: its occupancy, tasks waiting included."""
         return x
+
+    def report(self, x: int) -> tuple[int, ...]:
+        """The node's account of itself for the dispatchers' health checks: ``x`` and what the policy
+        needs to reconcile its picture (sequence numbers, counters); integers only."""
+        return (x,)
 
     def on_message(self, msg: Message, x: int) -> tuple[Message, ...]:
         """A message from a dispatcher; probes are answered with ``probe_reply``."""

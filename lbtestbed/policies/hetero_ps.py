@@ -13,7 +13,8 @@ import random
 from collections.abc import Sequence
 from fractions import Fraction
 
-from lbtestbed.policies.base import DispatcherSide, Probe, Route, sample_distinct
+from lbtestbed.policies.base import NO_MESSAGES, DispatcherSide, Message, Probe, Route, sample_distinct
+from lbtestbed.policies.structures import Liveness
 from lbtestbed.spec import Experiment
 
 
@@ -23,19 +24,50 @@ class _SchemeDispatcher(DispatcherSide):
         assert isinstance(exp.policy.d, tuple)
         self.d = exp.policy.d
         self.members = [[k for k in range(self.n) if exp.node_class[k] == i] for i in range(len(exp.classes))]
+        self.node_class = exp.node_class
+        self.live = [Liveness(m) for m in self.members]  # per class
+        self.down: set[int] = set()
         fixed = [c.speed.value for c in exp.classes]
         self.speed = [fixed[exp.node_class[k]] or Fraction(exp.node_speeds[k]) for k in range(self.n)]
+        self._probes = sum(self.d)
+
+    def on_node_down(self, node: int) -> None:
+        if self.live[self.node_class[node]].set_down(node):
+            self.down.add(node)
+
+    def on_node_up(self, node: int, report: tuple[int, ...], fresh: bool) -> tuple[Message, ...]:
+        if self.live[self.node_class[node]].set_up(node):
+            self.down.discard(node)
+        return NO_MESSAGES
 
     def dispatch(self) -> Probe:
         nodes: list[int] = []
-        for members, d in zip(self.members, self.d, strict=True):
-            nodes.extend(members[j] for j in sample_distinct(self.rng, len(members), d))
+        if not self.down:
+            for members, d in zip(self.members, self.d, strict=True):
+                nodes.extend(members[j] for j in sample_distinct(self.rng, len(members), d))
+        else:  # d_j = min(d_j, pools of class j that are up); a class with none is skipped
+            for live, d in zip(self.live, self.d, strict=True):
+                if live.up:
+                    nodes.extend(live.sample(self.rng, d))
         return Probe(tuple(nodes))
+
+    def _per_class(self, nodes: Sequence[int]) -> list[int]:
+        """How many of ``nodes`` (grouped by class, as dispatch makes them) each probed class has."""
+        counts: list[int] = []
+        last = -1
+        for k in nodes:
+            c = self.node_class[k]
+            if c != last:
+                counts.append(0)
+                last = c
+            counts[-1] += 1
+        return counts
 
     def _kept(self, probe: Probe, replies: Sequence[int]) -> list[tuple[int, int]]:
         """Per class, the least occupied probed node (first minimum of a random sample: uniform ties)."""
         kept, start = [], 0
-        for d in self.d:
+        ds = self.d if len(probe.nodes) == self._probes else self._per_class(probe.nodes)
+        for d in ds:
             best = start
             for k in range(start + 1, start + d):
                 if replies[k] < replies[best]:
@@ -50,6 +82,13 @@ class _SchemeDispatcher(DispatcherSide):
         raise NotImplementedError
 
     def resolve(self, probe: Probe, replies: Sequence[int]) -> Route:
+        down = self.down
+        if down and any(k in down for k in probe.nodes):  # went down while the probes were out
+            alive = [(k, x) for k, x in zip(probe.nodes, replies, strict=True) if k not in down]
+            if not alive:
+                live = [lv for lv in self.live if lv.up]
+                return Route(live[int(self.rng.random() * len(live))].pick(self.rng), "busy")
+            probe, replies = Probe(tuple(k for k, _ in alive)), [x for _, x in alive]
         kept = self._kept(probe, replies)
         best = kept[0]
         for cand in kept[1:]:

@@ -4,16 +4,31 @@ A node that becomes idle sends an idle token to one dispatcher (chosen uniformly
 A dispatcher that holds tokens sends the task to one of their nodes and drops that token; with none it picks
 a node uniformly at random. Which token: ``random`` uniform, ``longest_idle`` the oldest token (FIFO),
 ``fastest``/``fastest_idle`` the fastest node's, ``slowest`` the slowest node's.
+
+Sequence numbers. A token carries the node's count of arrivals when it became idle, ``a``: a node becomes
+idle again only after another arrival, so its tokens are numbered in increasing order. The dispatcher keeps
+per node ``used`` (the number of its last token it consumed or saw superseded) and the number of the token
+it holds: a token is taken iff it is newer than both, so a duplicate or an overtaken token is dropped (and
+counted). A node's report (x, a, the dispatcher it sent its last token to, -1 after an arrival) shows a lost
+token: the node is idle, its token came here, is newer than ``used`` and is not held.
 """
 
 from __future__ import annotations
 
 import random
 from collections import deque
+from collections.abc import Sequence
+from typing import Any
 
 from lbtestbed.policies.base import NO_MESSAGES, DispatcherSide, Message, NodeSide, Route
-from lbtestbed.policies.structures import SpeedBuckets, TokenSet
+from lbtestbed.policies.structures import Liveness, SpeedBuckets, TokenSet
 from lbtestbed.spec import Experiment
+
+
+def _seq(v: Any) -> int:
+    if type(v) is not int or v < 0:
+        raise ValueError(f"an idle token's number is an integer >= 0, got {v!r}")
+    return v
 
 
 class JIQDispatcher(DispatcherSide):
@@ -26,19 +41,47 @@ class JIQDispatcher(DispatcherSide):
         self.tokens = TokenSet()
         self._fifo: deque[int] = deque()
         self._by_speed = SpeedBuckets(self.speeds, rng, fastest=self.tie_break != "slowest")
+        self.held: dict[int, int] = {}  # node -> the number of its token we hold
+        self.used = [0] * self.n  # per node: the number of its last token consumed or superseded
+        self.stale_tokens = 0  # tokens dropped: duplicates, or overtaken by a later one of the same node
+        self._taken: dict[int, int] = {}  # node -> the number of its token we used last
+        self.live = Liveness(range(self.n))
         # at start every node is idle; with several dispatchers each node announces itself to one of them
         for k in range(self.n):
             if dispatchers == 1 or k % dispatchers == index:
-                self._add(k)
+                self.used[k] = -1  # its token number 0 is the one we start with
+                self._add(k, 0)
 
-    def _add(self, k: int) -> None:
-        if k in self.tokens:
-            return  # a duplicate token changes nothing
+    def _add(self, k: int, seq: int) -> None:
+        self.held[k] = seq
         self.tokens.add(k)
         if self.tie_break == "longest_idle":
             self._fifo.append(k)
         elif self.tie_break != "random":
             self._by_speed.add(k)
+
+    def _offer(self, k: int, seq: int) -> bool:
+        """Take token ``seq`` of node ``k`` unless it is no newer than what we used or hold; False if not."""
+        if seq <= self.used[k] or k in self.live.down:
+            return False
+        held = self.held.get(k)
+        if held is None:
+            self._add(k, seq)
+        elif held < seq:
+            self.used[k] = held  # superseded: the same idle node, announced once more (it keeps its place)
+            self.held[k] = seq
+        else:
+            return False
+        return True
+
+    def _drop(self, k: int) -> None:
+        """Forget the token of ``k`` we hold (its node went down, or restarted)."""
+        if self.held.pop(k, None) is None:
+            return
+        self.tokens.discard(k)
+        self._by_speed.discard(k)
+        if self.tie_break == "longest_idle":
+            self._fifo.remove(k)
 
     def _take(self) -> int:
         if self.tie_break == "random":
@@ -47,28 +90,93 @@ class JIQDispatcher(DispatcherSide):
             k = self._fifo.popleft() if self.tie_break == "longest_idle" else self._by_speed.pick()
         self.tokens.discard(k)
         self._by_speed.discard(k)
+        self.used[k] = self._taken[k] = self.held.pop(k)
         return k
 
     def dispatch(self) -> Route:
         if self.tokens:
             return Route(self._take(), "idle_token")
-        return Route(int(self.rng.random() * self.n), "random")
+        if not self.live.down:
+            return Route(int(self.rng.random() * self.n), "random")
+        return Route(self.live.pick(self.rng), "random")
 
     def on_message(self, msg: Message) -> tuple[Message, ...]:
         if msg.kind != "idle_token":
             return super().on_message(msg)
-        self._add(msg.node)
+        if len(msg.data) != 1:
+            raise ValueError(f"an idle token is (arrivals,), got {len(msg.data)} values")
+        if not self._offer(msg.node, _seq(msg.data[0])) and msg.node not in self.live.down:
+            self.stale_tokens += 1
+        return NO_MESSAGES
+
+    def on_task_failed(self, node: int) -> None:
+        # if the task that used the node's token never ran there, the node is still idle and sends no new
+        # token: count that token unused again, so that the node's report brings it back (reconcile)
+        seq = self._taken.pop(node, None)
+        if seq is not None and self.used[node] == seq and node not in self.held:
+            self.used[node] = seq - 1
+
+    def _report(self, report: Sequence[Any]) -> tuple[int, int, int]:
+        if len(report) != 3:
+            raise ValueError(f"a JIQ report is (x, arrivals, token_to), got {len(report)} values")
+        x, a, to = report
+        if type(to) is not int or to < -1:
+            raise ValueError(f"token_to must be an integer >= -1, got {to!r}")
+        return _seq(x), _seq(a), to
+
+    def reconcile(self, node: int, report: tuple[int, ...]) -> tuple[Message, ...]:
+        x, a, to = self._report(report)
+        if x == 0 and to == self.index and node not in self.held:
+            self._offer(node, a)  # the node is idle and sent its token here: it was lost unless used
+        return NO_MESSAGES
+
+    def on_node_down(self, node: int) -> None:
+        if self.live.set_down(node):
+            self._drop(node)  # its report brings it back if it is still idle when it returns
+
+    def on_node_up(self, node: int, report: tuple[int, ...], fresh: bool) -> tuple[Message, ...]:
+        x, a, to = self._report(report)
+        self.live.set_up(node)
+        if not fresh:
+            return self.reconcile(node, report)
+        self._taken.pop(node, None)
+        if x == 0 and to == self.index:  # idle, its token is ours: hold number a (in place if held)
+            self.used[node] = a - 1
+            if node in self.held:
+                self.held[node] = a
+            else:
+                self._add(node, a)
+        else:
+            # busy: its next token will be numbered a or more, any earlier one is spent; idle with its
+            # token elsewhere: its next token comes after another arrival, numbered a + 1 or more
+            self.used[node] = a - 1 if x else a
+            self._drop(node)
         return NO_MESSAGES
 
     def gauges(self) -> dict[str, float]:
-        return {"idle_tokens": float(len(self.tokens))}
+        return {"idle_tokens": float(len(self.tokens)), "jiq_stale_tokens": float(self.stale_tokens)}
 
 
 class IdleTokenSender(NodeSide):
-    """Sends an idle token when the node's last task leaves."""
+    """Sends an idle token, numbered by its arrivals so far, when the node's last task leaves."""
+
+    def __init__(self, exp: Experiment, node: int, rng: random.Random, dispatchers: int = 1) -> None:
+        super().__init__(exp, node, rng, dispatchers)
+        self.arrivals = 0
+        # the dispatcher that starts with this node's token (JIQDispatcher.__init__); -1 after an arrival
+        self.token_to = node % dispatchers if dispatchers > 1 else 0
+
+    def on_arrival(self, x: int, origin: int, piggyback: tuple[Any, ...]) -> tuple[Message, ...]:
+        self.arrivals += 1
+        self.token_to = -1
+        return NO_MESSAGES
 
     def on_departure(self, x: int, origin: int) -> tuple[Message, ...]:
         if x:
             return NO_MESSAGES
         to = int(self.rng.random() * self.dispatchers) if self.dispatchers > 1 else 0
-        return (Message("idle_token", self.node, (), to),)
+        self.token_to = to
+        return (Message("idle_token", self.node, (self.arrivals,), to),)
+
+    def report(self, x: int) -> tuple[int, ...]:
+        return (x, self.arrivals, self.token_to)

@@ -3,14 +3,16 @@
 The task goes to the best-ranked slot that is open: a pool of class i holding j - 1 tasks, for the best
 (i, j) in the ranking. Within a class the best open slot belongs to the least loaded pools, so the dispatcher
 compares one candidate per class, (i, x_min(i) + 1), and picks a pool of the winning class at x_min
-uniformly. Pools report every departure (one message per task).
+uniformly. Pools report every departure (one message per task), with the counts that make lost, duplicated
+and reordered reports harmless (``jsq.py``: the dispatcher's picture is JSQ's, one LevelIndex per class).
 """
 
 from __future__ import annotations
 
 import random
 
-from lbtestbed.policies.base import NO_MESSAGES, DispatcherSide, Message, Route
+from lbtestbed.policies.base import Route
+from lbtestbed.policies.jsq import CountingDispatcher
 from lbtestbed.policies.ranking import Ranking
 from lbtestbed.policies.structures import LevelIndex
 from lbtestbed.spec import Experiment
@@ -26,7 +28,7 @@ def ranking_of(exp: Experiment) -> Ranking:
     return Ranking(utilities, exp.policy.rank_order)
 
 
-class JLMUDispatcher(DispatcherSide):
+class JLMUDispatcher(CountingDispatcher):
     name = "jlmu"
 
     def __init__(self, exp: Experiment, rng: random.Random, index: int = 0) -> None:
@@ -38,26 +40,25 @@ class JLMUDispatcher(DispatcherSide):
             for i in range(len(exp.classes))
         ]
 
+    def _levels(self, k: int) -> LevelIndex:
+        return self.classes[self.node_class[k]]
+
     def dispatch(self) -> Route:
         key = self.ranking.key
         best, best_key = 0, None
+        some_down = bool(self.live.down)
         for i, lv in enumerate(self.classes):
+            if some_down and not lv.buckets[lv.min_level]:
+                continue  # every pool of the class is down
             k = key(i, lv.min_level + 1)
             if best_key is None or k < best_key:
                 best, best_key = i, k
         lv = self.classes[best]
         node = lv.pick_uniform(lv.min_level)
-        lv.increment(node)
+        s = self.sent[node] = self.sent[node] + 1
+        if s > self.acked[node]:  # else more departures were reported than we count tasks: it stays at 0
+            lv.increment(node)
         return Route(node, "jlmu")
-
-    def on_message(self, msg: Message) -> tuple[Message, ...]:
-        if msg.kind != "departure":
-            return super().on_message(msg)
-        self.classes[self.node_class[msg.node]].decrement(msg.node)
-        return NO_MESSAGES
-
-    def on_task_failed(self, node: int) -> None:
-        self.classes[self.node_class[node]].decrement(node)  # no departure notice will come for it
 
     def gauges(self) -> dict[str, float]:
         return {

@@ -6,7 +6,16 @@ import random
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from lbtestbed.policies.base import DispatcherSide, Probe, Route, sample_distinct, sample_with_replacement
+from lbtestbed.policies.base import (
+    NO_MESSAGES,
+    DispatcherSide,
+    Message,
+    Probe,
+    Route,
+    sample_distinct,
+    sample_with_replacement,
+)
+from lbtestbed.policies.structures import Liveness
 from lbtestbed.spec import Experiment
 
 
@@ -25,6 +34,20 @@ class _Sampler(DispatcherSide):
         assert isinstance(exp.policy.d, int)
         self.d = exp.policy.d
         self._sample = sample_with_replacement if exp.policy.replace else sample_distinct
+        self.live = Liveness(range(self.n))
+
+    def _sample_up(self) -> tuple[int, ...]:
+        """d nodes that are up; while all are, exactly the draws and nodes of a sample over all n."""
+        if not self.live.down:
+            return self._sample(self.rng, self.n, self.d)
+        return self.live.sample(self.rng, self.d, self._sample)
+
+    def on_node_down(self, node: int) -> None:
+        self.live.set_down(node)
+
+    def on_node_up(self, node: int, report: tuple[int, ...], fresh: bool) -> tuple[Message, ...]:
+        self.live.set_up(node)
+        return NO_MESSAGES
 
     def _first_min(self, nodes: Sequence[int], values: Sequence[int]) -> int:
         """The node with the least value; nodes come in random order, so ties are uniform."""
@@ -50,9 +73,15 @@ class PowerOfDDispatcher(_Sampler):
         self.speeds = exp.node_speeds
 
     def dispatch(self) -> Probe:
-        return Probe(self._sample(self.rng, self.n, self.d))
+        return Probe(self._sample_up())
 
     def resolve(self, probe: Probe, replies: Sequence[int]) -> Route:
+        down = self.live.down
+        if down and any(k in down for k in probe.nodes):  # went down while the probes were out
+            kept = [(k, x) for k, x in zip(probe.nodes, replies, strict=True) if k not in down]
+            if not kept:
+                return Route(self.live.pick(self.rng), "probed")
+            probe, replies = Probe(tuple(k for k, _ in kept)), [x for _, x in kept]
         if self.tie_break == "random":
             return Route(self._first_min(probe.nodes, replies), "probed")
         low = min(replies)
@@ -67,7 +96,8 @@ class PowerOfDDispatcher(_Sampler):
         ``pick()`` draws exactly the random numbers ``dispatch`` draws, in the same order, and returns the
         node ``resolve`` would choose, so a run is the same to the last bit either way; it only saves the
         probe, reply and route objects (the simulator's hottest path). ``occupancy`` is read at each call.
-        None when ties go by speed: that rule stays on the general path.
+        None when ties go by speed: that rule stays on the general path. It knows nothing of nodes that
+        are down (the simulator has none): a driver with faults uses ``dispatch`` and ``resolve``.
         """
         if self.tie_break != "random":
             return None
@@ -111,7 +141,7 @@ class LeastRequestDispatcher(_Sampler):
         self.in_flight = [0] * self.n
 
     def dispatch(self) -> Route:
-        nodes = self._sample(self.rng, self.n, self.d)
+        nodes = self._sample_up()
         inflight = self.in_flight
         k = self._first_min(nodes, [inflight[j] for j in nodes])
         inflight[k] += 1
@@ -119,6 +149,11 @@ class LeastRequestDispatcher(_Sampler):
 
     def on_task_done(self, node: int) -> None:
         self.in_flight[node] -= 1
+
+    def on_node_up(self, node: int, report: tuple[int, ...], fresh: bool) -> tuple[Message, ...]:
+        if fresh:  # the host reports no end of a task routed there before
+            self.in_flight[node] = 0
+        return super().on_node_up(node, report, fresh)
 
     def gauges(self) -> dict[str, float]:
         return {"tasks_in_flight": float(sum(self.in_flight))}

@@ -44,17 +44,25 @@ pool told of the last change has answered (with exact delivery: at once; with a 
 nothing measurable); it raises r whenever the rule says so, as that step keeps a yellow token in the
 picture. A pool that received more tasks than the dispatcher sent it (the cluster benchmark also sends tasks
 to the pools directly) resets the dispatcher's count of tasks sent to it.
+
+Faults (``base.DispatcherSide``). A pool's report (x, seq, epoch, r) is read like a token when its ``seq``
+is newer than the last applied, so lost tokens are made good by ``reconcile``. A lost EPOCH or answer keeps
+the pool in ``unsettled`` (``awaiting``), and ``resend`` repeats the current epoch to it. A pool that is
+down holds no token in the picture, gets no EPOCH, is never picked at random and does not count in the
+learning rule (which needs n_up beta green tokens); when it comes back it is told the current epoch if its
+own differs. A dispatcher that restarts numbers its epochs above the pools' (on their first contact).
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from typing import Any
 
 from lbtestbed.policies.base import NO_MESSAGES, DispatcherSide, Message, NodeSide, Route
 from lbtestbed.policies.jlmu import ranking_of
 from lbtestbed.policies.ranking import Ranking
-from lbtestbed.policies.structures import TokenSet
+from lbtestbed.policies.structures import Liveness, TokenSet
 from lbtestbed.spec import Experiment
 
 Bits = tuple[bool, bool]
@@ -90,6 +98,7 @@ class SLTADispatcher(DispatcherSide):
     def __init__(self, exp: Experiment, rng: random.Random, index: int = 0) -> None:
         super().__init__(exp, rng, index)
         assert exp.policy.beta is not None
+        self.beta: float = exp.policy.beta
         self.th = Thresholds(ranking_of(exp))
         self.ranking = self.th.ranking
         self.green_needed = self.n * exp.policy.beta
@@ -106,12 +115,15 @@ class SLTADispatcher(DispatcherSide):
         self.seen_seq = [0] * self.n
         self.stale_tokens = 0
         self.unsettled: set[int] = set()  # pools told of the current epoch that have not answered
+        self.live = Liveness(range(self.n))
         for k in range(self.n):  # the system starts empty with r = 1
             self._set(k, self.th.true_bits(self.node_class[k], 0, 1))
 
     def _set(self, k: int, bits: Bits) -> None:
         self.bits[k] = bits
         i = self.node_class[k]
+        if k in self.live.down:
+            bits = (False, False)  # a pool that is down holds no token in the picture
         if bits[0]:
             self.green[i].add(k)
         else:
@@ -150,8 +162,10 @@ class SLTADispatcher(DispatcherSide):
             node, outcome = self.green[prev].pick(rng), "green_prev"
         elif yellow:
             node, outcome = self.yellow.pick(rng), "yellow"
-        else:
+        elif not self.live.down:
             node, outcome = int(rng.random() * self.n), "random"
+        else:
+            node, outcome = self.live.pick(rng), "random"
         self.sent[node] += 1
         self.xhat[node] += 1
         bits = self._refresh(node)
@@ -170,14 +184,19 @@ class SLTADispatcher(DispatcherSide):
         self.r = r_new
         self.epoch += 1
         out: list[Message] = []
+        down = self.live.down
         for i in range(self.m):
             if self.th.context(i, r_old) == self.th.context(i, r_new):
                 continue
             for k in self.members[i]:
                 bits = self._refresh(k)
-                out.append(Message("epoch", k, (self.epoch, r_new, self.seen_seq[k], *bits), self.index))
+                if k not in down:  # told when it comes back
+                    out.append(self._epoch_message(k, bits))
         self.unsettled = {m.node for m in out}
         return tuple(out)
+
+    def _epoch_message(self, k: int, bits: Bits) -> Message:
+        return Message("epoch", k, (self.epoch, self.r, self.seen_seq[k], *bits), self.index)
 
     def on_message(self, msg: Message) -> tuple[Message, ...]:
         if not msg.kind.startswith("token_"):
@@ -196,6 +215,11 @@ class SLTADispatcher(DispatcherSide):
         if seq < self.seen_seq[k] or (seq == self.seen_seq[k] and not answer):
             self.stale_tokens += 1  # a duplicate, or overtaken by a later token of the same pool
             return NO_MESSAGES
+        self._apply(k, seq, x)
+        return NO_MESSAGES
+
+    def _apply(self, k: int, seq: int, x: int) -> None:
+        """A pool's count ``x`` after ``seq`` task events, newer than what we applied."""
         self.seen_seq[k] = seq
         # seq = arrivals + departures and x = arrivals - departures at the pool when it sent the token; the
         # tasks we sent that it had not received yet come on top of x. A pool that received more than we
@@ -205,12 +229,62 @@ class SLTADispatcher(DispatcherSide):
         self.sent[k] = max(self.sent[k], arrived)
         self.xhat[k] = x + self.sent[k] - arrived
         self._refresh(k)
-        return NO_MESSAGES
 
     def on_task_failed(self, node: int) -> None:
         self.sent[node] -= 1  # refused or lost: it never ran there, and no report will come for it
         self.xhat[node] = max(0, self.xhat[node] - 1)
         self._refresh(node)
+
+    # ------------------------------------------------------------------------------------------ faults
+
+    @staticmethod
+    def _report(report: Sequence[Any]) -> tuple[int, int, int, int]:
+        if len(report) != 4:
+            raise ValueError(f"an SLTA report is (x, seq, epoch, r), got {len(report)} values")
+        x, seq, epoch, r = report
+        if not (_count(x) and _count(seq) and _count(epoch) and _count(r)):
+            raise ValueError(f"an SLTA report holds integers >= 0, got {tuple(report)!r}")
+        return x, seq, epoch, r
+
+    def reconcile(self, node: int, report: tuple[int, ...]) -> tuple[Message, ...]:
+        x, seq, _epoch, _r = self._report(report)
+        if seq > self.seen_seq[node]:
+            self._apply(node, seq, x)  # the tokens that would have said so were lost
+        return NO_MESSAGES
+
+    def awaiting(self) -> Collection[int]:
+        return frozenset(self.unsettled)
+
+    def resend(self, node: int) -> tuple[Message, ...]:
+        if node in self.live.down:
+            return NO_MESSAGES
+        return (self._epoch_message(node, self.bits[node]),)
+
+    def on_node_down(self, node: int) -> None:
+        if self.live.set_down(node):
+            self.unsettled.discard(node)
+            self._set(node, self.bits[node])  # out of the token sets
+            self.green_needed = len(self.live.up) * self.beta
+
+    def on_node_up(self, node: int, report: tuple[int, ...], fresh: bool) -> tuple[Message, ...]:
+        x, seq, epoch, r = self._report(report)
+        if self.live.set_up(node):
+            self.green_needed = len(self.live.up) * self.beta
+        if fresh:  # nothing of ours on its way there: its counts are the whole truth
+            self.seen_seq[node] = seq
+            self.sent[node] = (seq + x) // 2
+            self.xhat[node] = x
+        elif seq > self.seen_seq[node]:
+            self._apply(node, seq, x)
+        bits = self._refresh(node)
+        if epoch > self.epoch or (epoch == self.epoch and r != self.r):
+            # a restarted dispatcher meets the pools' epochs of its previous life: ours must come after them
+            # (an equal number with another r is one of those too)
+            self.epoch = epoch + 1
+        if epoch == self.epoch:
+            return NO_MESSAGES
+        self.unsettled.add(node)
+        return (self._epoch_message(node, bits),)
 
     def gauges(self) -> dict[str, float]:
         out = {
@@ -271,6 +345,9 @@ class SLTANode(NodeSide):
     def on_departure(self, x: int, origin: int) -> tuple[Message, ...]:
         self.seq += 1
         return self._token("token_departure", x, origin)
+
+    def report(self, x: int) -> tuple[int, ...]:
+        return (x, self.seq, self.epoch, self.r)
 
     def on_message(self, msg: Message, x: int) -> tuple[Message, ...]:
         if msg.kind != "epoch":

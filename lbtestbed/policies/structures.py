@@ -5,7 +5,9 @@ from __future__ import annotations
 import heapq
 import random
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+
+from lbtestbed.policies.base import sample_distinct
 
 
 class TokenSet:
@@ -162,6 +164,57 @@ class LevelIndex:
         if lvl - 1 < self.min_level:
             self.min_level = lvl - 1
 
+    def move(self, k: int, lvl: int) -> None:
+        """Put node ``k`` at level ``lvl``; a step of one is exactly ``increment`` or ``decrement``."""
+        old = self.level[k]
+        if lvl == old:
+            return
+        if old < 0:
+            raise ValueError(f"node {k} was removed: restore it")
+        if lvl == old + 1:
+            self.increment(k)
+        elif lvl == old - 1:
+            self.decrement(k)
+        else:
+            if lvl < 0:
+                raise ValueError(f"level {lvl} for node {k}")
+            self._leave(k, old)
+            self.level[k] = lvl
+            self._enter(k, lvl)
+            if lvl < self.min_level:
+                self.min_level = lvl
+            elif old == self.min_level and not self.buckets[old]:
+                self._lowest()
+
+    def remove(self, k: int) -> None:
+        """Take node ``k`` out (it is down): no pick returns it until ``restore``."""
+        old = self.level[k]
+        if old < 0:
+            return
+        self._leave(k, old)
+        self.level[k] = -1  # out: its entry in the longest-idle queue is stale (and restore makes a new one)
+        if old == self.min_level and not self.buckets[old]:
+            self._lowest()
+
+    def restore(self, k: int, lvl: int) -> None:
+        """Put a removed node ``k`` back at level ``lvl`` (it entered it now, as for the idle order)."""
+        if self.level[k] >= 0:
+            self.move(k, lvl)
+            return
+        self.level[k] = lvl
+        self._enter(k, lvl)
+        if lvl < self.min_level or not self.buckets[self.min_level]:
+            self.min_level = lvl  # lower, or the index was empty
+
+    def __contains__(self, k: object) -> bool:
+        """Whether ``k`` is in the index (not removed)."""
+        return isinstance(k, int) and self.level.get(k, -1) >= 0
+
+    def _lowest(self) -> None:
+        """min_level anew, after its bucket emptied by more than one step: the lowest occupied level
+        (0 when the index holds no node)."""
+        self.min_level = next((i for i, b in enumerate(self.buckets) if b), 0)
+
     def pick_uniform(self, lvl: int) -> int:
         return self.buckets[lvl].pick(self.rng)
 
@@ -178,3 +231,52 @@ class LevelIndex:
             if stamp[k] == s and level[k] == 0:
                 return k
             fifo.popleft()
+
+
+class Liveness:
+    """Which of some nodes are up, for the dispatcher sides' fault hooks (``base.DispatcherSide``).
+
+    ``up`` lists the members that are up in member order, so while every member is up a pick or a sample
+    over ``up`` draws exactly the random numbers a pick or sample over all members draws, and gives the
+    same nodes.
+    """
+
+    __slots__ = ("down", "members", "up")
+
+    def __init__(self, members: Iterable[int]) -> None:
+        self.members = list(members)
+        self.up = list(self.members)
+        self.down: set[int] = set()
+
+    def set_down(self, k: int) -> bool:
+        """Mark ``k`` down; False if it already was."""
+        if k in self.down:
+            return False
+        self.down.add(k)
+        self.up.remove(k)
+        return True
+
+    def set_up(self, k: int) -> bool:
+        """Mark ``k`` up; False if it already was."""
+        if k not in self.down:
+            return False
+        self.down.discard(k)
+        self.up = [m for m in self.members if m not in self.down]
+        return True
+
+    def pick(self, rng: random.Random) -> int:
+        """A uniformly random node that is up (one must be)."""
+        up = self.up
+        return up[int(rng.random() * len(up))]
+
+    def sample(
+        self,
+        rng: random.Random,
+        d: int,
+        sample: Callable[[random.Random, int, int], tuple[int, ...]] = sample_distinct,
+    ) -> tuple[int, ...]:
+        """``sample`` over the nodes that are up; a distinct sample takes at most as many as are up."""
+        up = self.up
+        if sample is sample_distinct and d > len(up):
+            d = len(up)
+        return tuple(up[j] for j in sample(rng, len(up), d))
