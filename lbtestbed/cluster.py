@@ -125,6 +125,27 @@ def split_nodes(n: int, processes: int) -> list[list[int]]:
     return groups
 
 
+def spawn(path: Path, f: ClusterFile, e: Endpoint) -> subprocess.Popen[bytes]:
+    """Start the process of endpoint ``e`` of the cluster file at ``path`` (also to restart it after a
+    fault); sets ``e.pid``. It reads its part of the cluster file; output goes to its log."""
+    module = "lbtestbed.server_node" if e.role == "nodes" else "lbtestbed.dispatcher"
+    prefix = []
+    if f.netns and e.role == "nodes":
+        from lbtestbed.netns import Layout
+
+        prefix = ["ip", "netns", "exec", Layout.from_json(f.netns).namespaces[e.index]]  # exec: the pid stays
+    with open(e.log or os.devnull, "ab") as log:
+        proc = subprocess.Popen(
+            [*prefix, sys.executable, "-m", module, "--cluster", str(path), "--index", str(e.index)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    e.pid = proc.pid
+    return proc
+
+
 def _healthy(url: str) -> bool:
     try:
         with urllib.request.urlopen(f"{url}{PREFIX}/health", timeout=1.0) as resp:
@@ -213,29 +234,7 @@ class Cluster:
         self.file.save(self.path)
         try:
             for e in hosts + disp:
-                module = "lbtestbed.server_node" if e.role == "nodes" else "lbtestbed.dispatcher"
-                prefix = []
-                if layout is not None and e.role == "nodes":
-                    prefix = ["ip", "netns", "exec", layout.namespaces[e.index]]  # exec: the pid stays
-                with open(e.log, "ab") as log:
-                    proc = subprocess.Popen(
-                        [
-                            *prefix,
-                            sys.executable,
-                            "-m",
-                            module,
-                            "--cluster",
-                            str(self.path),
-                            "--index",
-                            str(e.index),
-                        ],
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        stdin=subprocess.DEVNULL,
-                        start_new_session=True,
-                    )
-                self.procs.append(proc)
-                e.pid = proc.pid
+                self.procs.append(spawn(self.path, self.file, e))
             self.file.save(self.path)
             self._wait_healthy(timeout)
         except BaseException:

@@ -48,6 +48,8 @@ class Measurement:
     r_series: list[tuple[float, float]] = field(default_factory=list)  # (model time, r) samples
     source: str = "scrape"  # or the Prometheus URL the counters came from
     cluster: dict[str, Any] = field(default_factory=dict)  # endpoints, processes
+    faults: list[dict[str, Any]] = field(default_factory=list)  # what the injector did, when
+    health_events: list[dict[str, Any]] = field(default_factory=list)  # the dispatchers' down/up
 
 
 def warmup_warning(exp: Experiment) -> str | None:
@@ -106,6 +108,20 @@ async def _sample_r(session: aiohttp.ClientSession, url: str, origin: float, sca
         await asyncio.sleep(R_SAMPLE_WALL)
 
 
+async def _health_events(
+    session: aiohttp.ClientSession, f: ClusterFile, origin_unix: float, scale: float
+) -> list[dict[str, Any]]:
+    """Every dispatcher's node transitions, with the model time of each."""
+    out = []
+    for d in f.dispatchers:
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
+            async with session.get(f"{d.url}/v1/health", timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                body = await resp.json()
+            for e in body.get("events", []):
+                out.append({"dispatcher": d.index, "model_time": (e["unix_time"] - origin_unix) / scale, **e})
+    return sorted(out, key=lambda e: e["model_time"])
+
+
 async def measure(
     exp: Experiment,
     f: ClusterFile,
@@ -113,19 +129,27 @@ async def measure(
     say: Say,
     prometheus: str | None = None,
     max_outstanding: int = 10_000,
+    cluster_path: Path | None = None,
 ) -> Measurement:
-    """Drive the cluster with ``tasks`` and read its counters at the batch boundaries."""
+    """Drive the cluster with ``tasks`` and read its counters at the batch boundaries; apply the spec's
+    faults (``cluster_path``: the cluster file, to restart killed processes)."""
+    from lbtestbed.fault_schedule import Injector
+
     scale = exp.run.time_scale
     urls = [e.url for e in f.dispatchers + f.node_hosts]
     marks = boundaries(exp)
     snapshots: list[Snapshot] = []
     instants: list[tuple[float, float]] = []  # (unix time, wall seconds since model 0) of each boundary
     r_series: list[tuple[float, float]] = []
+    faulty = bool(exp.faults)
     async with aiohttp.ClientSession() as session:
         origin = time.monotonic() + LEAD_IN
+        origin_unix = time.time() + LEAD_IN
         load = asyncio.ensure_future(
             drive([d.url for d in f.dispatchers], tasks, scale, max_outstanding, start=origin)
         )
+        injector = Injector(exp, f, cluster_path or Path("cluster.json"), origin, say)
+        injecting = asyncio.ensure_future(injector.run(session)) if faulty else None
         sampler = None
         if exp.policy.name == "slta":
             sampler = asyncio.ensure_future(_sample_r(session, f.dispatchers[0].url, origin, scale, r_series))
@@ -139,20 +163,29 @@ async def measure(
                     raise load.exception()  # type: ignore[misc]
                 if prometheus is not None:
                     instants.append((time.time(), time.monotonic() - origin))
-                snapshots.append(await scrape(session, urls, origin))
+                # with faults a process may be down at a boundary: its batches are dropped
+                wait = 3.0 if faulty else 10.0
+                snapshots.append(await scrape(session, urls, origin, missing_ok=faulty, timeout=wait))
                 if b < len(marks) - 1:
                     say(f"measuring: batch {b + 1}/{len(marks) - 1} (model time {t:.4g} of {marks[-1]:.4g})")
             say(f"draining: waiting for the last of {len(tasks)} tasks")
             report = await load
+            if injecting is not None:
+                await injecting
+            events = await _health_events(session, f, origin_unix, scale) if faulty else []
         finally:
             if sampler is not None:
                 sampler.cancel()
             if not load.done():
                 load.cancel()
+            if injecting is not None and not injecting.done():
+                injecting.cancel()
+            injector.restore()
+    extra: dict[str, Any] = {"faults": injector.to_json(), "health_events": events}
     if prometheus is None:
-        return Measurement(snapshots, report, r_series=r_series)
+        return Measurement(snapshots, report, r_series=r_series, **extra)
     read = _from_prometheus(prometheus, instants, say)
-    return Measurement(read, report, direct=snapshots, r_series=r_series, source=prometheus)
+    return Measurement(read, report, direct=snapshots, r_series=r_series, source=prometheus, **extra)
 
 
 def _from_prometheus(url: str, instants: Sequence[tuple[float, float]], say: Say) -> list[Snapshot]:
@@ -210,13 +243,14 @@ def cluster_for(
                     f"{endpoints}: the cluster's processes run {what} = {theirs}, the spec asks for {mine}; "
                     f"start the cluster with the same spec and overrides"
                 )
+        _check_faults(exp, f, local=False)
         yield f
         return
     cluster = Cluster(directory / "cluster.json")
     where = " in network namespaces" if netns else ""
     say(f"starting the cluster{where}: {exp.n} nodes, {dispatchers} dispatcher(s)")
     try:
-        yield cluster.up(
+        f = cluster.up(
             spec,
             overrides,
             dispatchers=dispatchers,
@@ -224,8 +258,21 @@ def cluster_for(
             netns=netns,
             bandwidth=bandwidth,
         )
+        _check_faults(exp, f, local=True)
+        yield f
     finally:
         cluster.down()
+
+
+def _check_faults(exp: Experiment, f: ClusterFile, local: bool) -> None:
+    from lbtestbed.fault_schedule import check, excluded_batches
+
+    check(exp, f, local)
+    if exp.faults and sum(not x for x in excluded_batches(exp)) < 2:
+        raise ClusterError(
+            "the faults (with a warm-up after each) disturb all but fewer than two batches of the measured "
+            "window: nothing would be left to compare; lengthen run.duration or move the faults"
+        )
 
 
 def run_cluster(
@@ -251,6 +298,7 @@ def run_cluster(
     with cluster_for(
         exp, spec, overrides, directory, endpoints, dispatchers, node_processes, say, netns, bandwidth
     ) as f:
+        path = endpoints if endpoints is not None else directory / "cluster.json"
         info = {
             "dispatchers": [d.url for d in f.dispatchers],
             "node_hosts": [h.url for h in f.node_hosts],
@@ -262,9 +310,9 @@ def run_cluster(
             with start_prometheus(f, directory / "cluster.json", interval) as server:
                 say(f"Prometheus at {server.url}, scraping every {interval:g} s")
                 _wait_for_targets(server.url, len(f.dispatchers) + len(f.node_hosts))
-                m = asyncio.run(measure(exp, f, tasks, say, server.url))
+                m = asyncio.run(measure(exp, f, tasks, say, server.url, cluster_path=path))
         else:
-            m = asyncio.run(measure(exp, f, tasks, say, prometheus))
+            m = asyncio.run(measure(exp, f, tasks, say, prometheus, cluster_path=path))
     m.cluster = info
     return m
 
@@ -283,9 +331,18 @@ def clock_shift(a: Snapshot, b: Snapshot) -> float | None:
     return max((abs(ca[k] - cb[k]) for k in ca.keys() & cb.keys()), default=None)
 
 
+def batches_kept(exp: Experiment, snaps: Sequence[Snapshot]) -> list[bool]:
+    """The batches to compare: not disturbed by a fault, and every process answered at both ends."""
+    from lbtestbed.fault_schedule import excluded_batches
+
+    excluded = excluded_batches(exp) if exp.faults else [False] * (len(snaps) - 1)
+    return [not (excluded[b] or snaps[b].missing or snaps[b + 1].missing) for b in range(len(snaps) - 1)]
+
+
 def cluster_result(exp: Experiment, m: Measurement) -> tuple[Result, RawRun]:
     """The cluster's measurements as the shared result object (source: cluster)."""
-    raw = cluster_raw(exp, m.snapshots, m.load.records)
+    keep = batches_kept(exp, m.snapshots)
+    raw = cluster_raw(exp, m.snapshots, m.load.records, keep)
     if m.r_series:
         raw.r_series = [(t, int(r)) for t, r in m.r_series]
     result = summarize(exp, [raw], source="cluster")
@@ -293,7 +350,7 @@ def cluster_result(exp: Experiment, m: Measurement) -> tuple[Result, RawRun]:
         result.extras.pop(key, None)
     num, den = raw.ratios["network_overhead"]
     if m.direct:  # the same window scraped directly: the time averages should match Prometheus's
-        direct = summarize(exp, [cluster_raw(exp, m.direct, m.load.records)], source="cluster")
+        direct = summarize(exp, [cluster_raw(exp, m.direct, m.load.records, keep)], source="cluster")
         checked = ("mean_tasks_per_node", "tasks_in_system", "utility", "idle_nodes", "messages_per_task")
         result.extras["direct_scrape"] = {k: direct.metrics[k]["value"] for k in checked}
         result.extras["direct_scrape"]["occupancy_tail"] = {
@@ -304,6 +361,17 @@ def cluster_result(exp: Experiment, m: Measurement) -> tuple[Result, RawRun]:
             clock_shift(m.snapshots[0], m.direct[0]),
             clock_shift(m.snapshots[-1], m.direct[-1]),
         ]
+    if exp.faults:
+        result.extras["faults"] = {
+            "actions": m.faults,
+            "health_events": m.health_events,
+            "batches_excluded": [b for b, k in enumerate(keep) if not k],
+        }
+        # per task, for the timeline: (intended arrival, node) of each completed task, and the others
+        result.extras["fault_timeline"] = {
+            "completed": [(round(r.t, 6), r.node) for r in m.load.records],
+            "failures": [(round(t, 6), outcome, node) for t, outcome, node in m.load.failures],
+        }
     result.extras |= {
         "decisions": raw.decisions,
         "network_overhead": ratio_estimate(num, den).to_json(),
@@ -363,5 +431,6 @@ def run_experiment(
             f"task; a larger run.time_scale makes it smaller against the work"
         )
     say("writing the report")
-    files = report.write(directory, rep, raws, m.r_series)
+    completed = [(rec.t, rec.node) for rec in m.load.records]
+    files = report.write(directory, rep, raws, m.r_series, (completed, m.load.failures))
     return rep, files

@@ -7,6 +7,7 @@ in ``docs/spec.md``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import re
@@ -108,6 +109,35 @@ class NetworkSpec:
     forward_tasks: bool = False  # whether task forwarding is delayed too
 
 
+FAULT_KINDS = ("kill", "pause", "drop", "duplicate", "delay", "restart_dispatcher")
+#: faults on the node processes (the target is the process serving ``node``) and on state messages
+PROCESS_FAULTS = ("kill", "pause")
+MESSAGE_FAULTS = ("drop", "duplicate", "delay")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One injected fault, active over model times [at, until) of the run (``docs/faults.md``)."""
+
+    kind: str
+    at: float
+    until: float
+    node: int = 0  # kill, pause: the node process serving this node (with every node it serves)
+    dispatcher: int = 0  # restart_dispatcher
+    fraction: float = 1.0  # drop, duplicate: the share of messages hit
+    messages: tuple[str, ...] = ()  # drop, duplicate, delay: the kinds hit
+    delay: SizeDistribution | None = None  # delay: the extra one-way delay, model seconds
+    settle: float = 0.0  # model seconds after ``until`` that the comparison leaves out with the fault
+
+
+@dataclass(frozen=True)
+class HealthSpec:
+    """How dispatchers watch the nodes, in wall seconds (a machine's responsiveness, not the model's)."""
+
+    heartbeat: float = 0.2  # between two health checks of every node process
+    timeout: float = 1.0  # a check unanswered this long marks the process down; also the resend age
+
+
 @dataclass(frozen=True)
 class Experiment:
     name: str
@@ -119,6 +149,8 @@ class Experiment:
     network: NetworkSpec = field(default_factory=NetworkSpec)
     source: str = "<spec>"
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    faults: tuple[Fault, ...] = ()
+    health: HealthSpec = field(default_factory=HealthSpec)
 
     @property
     def n(self) -> int:
@@ -375,7 +407,9 @@ def _parse_policy(r: _Reader, classes: Sequence[NodeClass], n: int) -> PolicySpe
 def parse_spec(data: Mapping[str, Any], source: str = "<spec>") -> Experiment:
     """Validate a decoded TOML document and build the experiment."""
     top = _Reader(source, data, "")
-    top.check_keys(("name", "description", "seed", "classes", "workload", "policy", "run", "network"))
+    top.check_keys(
+        ("name", "description", "seed", "classes", "workload", "policy", "run", "network", "faults", "health")
+    )
     name = top.string("name")
     if top.has("description"):
         top.string("description")
@@ -444,9 +478,78 @@ def parse_spec(data: Mapping[str, Any], source: str = "<spec>") -> Experiment:
             delay = None if zero else _parse_size(nw, "delay")
         network = NetworkSpec(delay=delay, forward_tasks=nw.boolean("forward_tasks", False))
 
-    exp = Experiment(name, seed, tuple(classes), workload, policy, run, network, source, data)
+    health = HealthSpec()
+    if top.has("health"):
+        h = top.sub("health")
+        h.check_keys(("heartbeat", "timeout"))
+        health = HealthSpec(heartbeat=h.number("heartbeat", 0.2), timeout=h.number("timeout", 1.0))
+    faults = _parse_faults(top, policy.name, n, run)
+
+    exp = Experiment(name, seed, tuple(classes), workload, policy, run, network, source, data, faults, health)
     _check_stability(exp, top)
     return exp
+
+
+def _parse_faults(top: _Reader, policy: str, n: int, run: RunSpec) -> tuple[Fault, ...]:
+    if not top.has("faults"):
+        return ()
+    raw = top.get("faults")
+    if not isinstance(raw, list):
+        raise top.fail("faults", "must be an array of [[faults]] tables")
+    from lbtestbed.policies import MESSAGE_KINDS  # the policies import this module
+
+    one_way = tuple(k for k in MESSAGE_KINDS[policy] if k not in ("probe", "probe_reply"))
+    end = run.warmup + run.duration
+    faults = []
+    for i, v in enumerate(raw):
+        if not isinstance(v, Mapping):
+            raise top.fail(f"faults[{i}]", "must be a table")
+        f = _Reader(top.source, v, f"faults[{i}]")
+        kind = f.string("kind", choices=FAULT_KINDS)
+        keys = {
+            "kill": ("node",),
+            "pause": ("node",),
+            "drop": ("fraction", "messages"),
+            "duplicate": ("fraction", "messages"),
+            "delay": ("delay", "messages"),
+            "restart_dispatcher": ("dispatcher",),
+        }[kind]
+        f.check_keys(("kind", "at", "until", "settle", *keys))
+        at, until = f.number("at", positive=False), f.number("until")
+        # a restarted node starts empty, and the warm-up is what the spec allows to reach equilibrium
+        # from empty; a fault that builds a backlog (a long pause) may need more
+        settle = f.number("settle", run.warmup, positive=False)
+        if until <= at:
+            raise f.fail("until", f"must come after at ({at:g}), got {until:g}")
+        if until > end:
+            raise f.fail("until", f"must lie within the run (warmup + duration = {end:g}), got {until:g}")
+        fault = Fault(kind, at, until)
+        if kind in PROCESS_FAULTS:
+            fault = Fault(kind, at, until, node=f.integer("node", minimum=0, maximum=n - 1))
+        elif kind == "restart_dispatcher":
+            fault = Fault(kind, at, until, dispatcher=f.integer("dispatcher", default=0, minimum=0))
+        else:
+            if not one_way:
+                raise f.fail("kind", f"{policy} sends no state messages to {kind}")
+            kinds = f.get("messages", list(one_way))
+            if not isinstance(kinds, list) or not kinds or not all(isinstance(k, str) for k in kinds):
+                raise f.fail("messages", "must be a non-empty array of message kinds")
+            for j, k in enumerate(kinds):
+                if k not in one_way:
+                    raise f.fail(
+                        f"messages[{j}]",
+                        f"{policy} sends no {k!r} messages that a fault can hit (one-way kinds: "
+                        f"{', '.join(one_way)}; probes are answered on the same connection)",
+                    )
+            fraction = 1.0
+            if kind != "delay":
+                fraction = f.number("fraction")
+                if fraction > 1:
+                    raise f.fail("fraction", f"must lie in (0, 1], got {fraction:g}")
+            delay = _parse_size(f, "delay") if kind == "delay" else None
+            fault = Fault(kind, at, until, fraction=fraction, messages=tuple(kinds), delay=delay)
+        faults.append(dataclasses.replace(fault, settle=settle))
+    return tuple(faults)
 
 
 def _check_stability(exp: Experiment, top: _Reader) -> None:

@@ -36,8 +36,9 @@ class BadRequest(Exception):
         self.status = status
 
 
-def error(status: int, message: str, field: str = "") -> web.Response:
-    body: dict[str, Any] = {"error": message}
+def error(status: int, message: str, field: str = "", **extra: Any) -> web.Response:
+    """A JSON error; ``extra`` adds fields (the node of a lost or refused task)."""
+    body: dict[str, Any] = {"error": message, **extra}
     if field:
         body["field"] = field
     return web.json_response(body, status=status)

@@ -469,9 +469,15 @@ def message_objects(nodes: int, kinds: Sequence[str]) -> st.SearchStrategy[Any]:
         "dispatcher": st.integers(0, 2),
         "data": st.lists(st.integers(0, 3) | st.booleans(), max_size=3),
     }
+    # the counts JIQ's idle tokens carry (docs/protocol.md), mostly right, or near them
+    counts = st.tuples(st.integers(0, 2**53)).map(list) | optional["data"]
     expected = st.fixed_dictionaries(
-        {"kind": st.sampled_from(list(kinds) or KINDS[:8]), "node": st.integers(0, nodes - 1)},
-        optional=optional,
+        {
+            "kind": st.sampled_from(list(kinds) or KINDS[:8]),
+            "node": st.integers(0, nodes - 1),
+            "data": counts,
+        },
+        optional={"dispatcher": optional["dispatcher"]},
     )
     near = st.fixed_dictionaries(
         {"kind": st.sampled_from(KINDS), "node": st.integers(0, nodes + 1)}, optional=optional

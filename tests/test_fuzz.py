@@ -242,8 +242,14 @@ def work_answer(body: Mapping[str, Any], limit: float | None) -> Answer | None:
     return None
 
 
+def is_idle_token_data(v: Any) -> bool:
+    """JIQ's idle token data: [a], the node's arrivals so far, an integer >= 0 (docs/protocol.md)."""
+    return isinstance(v, list) and len(v) == 1 and is_integer(v[0])
+
+
 def message_answer(batch: Any, accepted: tuple[str, ...], node_ok: Any) -> Answer:
-    """A messages body: the form of every message, then every kind, then every node (three passes)."""
+    """A messages body: the form of every message, then every kind, then every node (three passes); then
+    the messages are applied in order, and the first the policy refuses is named."""
     msgs = batch.get("messages")
     if not isinstance(msgs, list) or not 1 <= len(msgs) <= 64:
         return bad("messages")
@@ -268,7 +274,10 @@ def message_answer(batch: Any, accepted: tuple[str, ...], node_ok: Any) -> Answe
     for i, m in enumerate(msgs):
         if not node_ok(m["node"]):
             return bad(f"messages[{i}].node")
-    return Answer(200)  # JIQ applies every idle token of a node of the cluster
+    for i, m in enumerate(msgs):
+        if m["kind"] == "idle_token" and not is_idle_token_data(m.get("data", [])):
+            return bad(f"messages[{i}]")  # JIQ applies every idle token whose data is [arrivals]
+    return Answer(200)
 
 
 def documented_answer(
@@ -943,6 +952,7 @@ async def in_process(exp: Experiment | None = None) -> Any:
     dispatcher_host = DispatcherHost(exp, 0, 1, [f"{nodes}/v1/nodes/{k}" for k in range(exp.n)], "T")
     dispatcher_server, disp = await serve(build_dispatcher_app(dispatcher_host))
     node_host.dispatchers[:] = [disp]
+    await asyncio.wait_for(dispatcher_host.health.ready.wait(), 10)  # it takes tasks after first contact
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
             yield session, disp, nodes, dispatcher_host
@@ -1055,11 +1065,17 @@ async def test_a_rider_for_a_node_outside_the_cluster_is_dropped_and_the_task_co
         reply = {"node": 0, "arrived": 0.0, "completed": 1.0, "waited": False}
         return web.json_response({**reply, "messages": [{"kind": "departure", "node": 99}]})
 
+    async def state(request: web.Request) -> web.Response:  # the health check: every node idle
+        reports = {str(k): [0, 0, 0] for k in range(exp.n)}  # JSQ: x, arrivals and departures of dispatcher 0
+        return web.json_response({"incarnation": 1, "model_time": 0.0, "reports": reports})
+
     app = web.Application()
     app.router.add_post(r"/v1/nodes/{node:\d+}/tasks", liar)
+    app.router.add_get("/v1/state", state)
     fake, base = await serve(app)
     host = DispatcherHost(exp, 0, 1, [f"{base}/v1/nodes/{k}" for k in range(exp.n)], "T")
     server, disp = await serve(build_dispatcher_app(host))
+    await asyncio.wait_for(host.health.ready.wait(), 10)
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
             status, text = await post_status(session, f"{disp}/v1/tasks", b'{"work": 1}', {})

@@ -307,6 +307,7 @@ async def test_live_answers_follow_the_documents(doc: dict[str, Any]) -> None:
         server, disp = await serve(build_dispatcher_app(dispatcher_host))
         servers.append(server)
         node_host.dispatchers[:] = [disp]
+        await asyncio.wait_for(dispatcher_host.health.ready.wait(), 10)  # its first health checks
         dead = [f"{NOWHERE}/v1/nodes/{k}" for k in range(exp.n)]
         server, lost = await serve(build_dispatcher_app(DispatcherHost(exp, 0, 1, dead, TOKEN)))
         servers.append(server)
@@ -331,7 +332,9 @@ async def test_live_answers_follow_the_documents(doc: dict[str, Any]) -> None:
             assert (await call(disp, "POST", tasks, body={"work": 0}))[1]["field"] == "work"
             assert (await call(disp, "POST", tasks, raw=b"not json"))[0] == 400
             assert (await call(disp, "POST", tasks, raw=big))[0] == 413
-            assert (await call(lost, "POST", tasks, body={"work": 1.0}))[0] == 502
+            # a dispatcher whose nodes never answered takes no tasks (docs/faults.md)
+            status, reply = await call(lost, "POST", tasks, body={"work": 1.0})
+            assert status == 503 and "first answers" in reply["error"], reply
             limit = wire.MAX_WORK_MEANS * exp.workload.service.mean  # above it, refused before routing
             status, reply = await call(disp, "POST", tasks, body={"work": limit * 1.5})
             assert status == 400 and reply["field"] == "work"
@@ -377,7 +380,7 @@ async def test_live_answers_follow_the_documents(doc: dict[str, Any]) -> None:
             assert (await call(nodes, "POST", probe, "/v1/nodes/7/probe", token=TOKEN))[0] == 404
 
             # state messages to the dispatcher
-            idle = {"messages": [{"kind": "idle_token", "node": 0, "dispatcher": 0, "data": []}]}
+            idle = {"messages": [{"kind": "idle_token", "node": 0, "dispatcher": 0, "data": [1000]}]}
             applied = {"ok": True, "applied": 1}
             assert (await call(disp, "POST", messages, token=TOKEN, body=idle))[1] == applied
             assert (await call(disp, "POST", messages, body=idle))[0] == 401
@@ -443,6 +446,45 @@ async def test_live_answers_follow_the_documents(doc: dict[str, Any]) -> None:
             assert exported_metrics(text) == documented_metrics("### Dispatcher") - slta_only
             status, text = await call(nodes, "GET", "/metrics")
             assert exported_metrics(text) == documented_metrics("### Node host")
+
+            # fault switches (docs/faults.md): fault 0 of this spec is a drop fault, fault 1 a kill
+            data = copy.deepcopy(FCFS_SPEC)
+            data["faults"] = [
+                {"kind": "drop", "at": 1.0, "until": 2.0, "fraction": 0.5},
+                {"kind": "kill", "at": 1.0, "until": 2.0, "node": 1},
+            ]
+            faulty_host = NodeHost(parse_spec(data), [0, 1], [NOWHERE], TOKEN)
+            server, faulty = await serve(build_node_app(faulty_host))
+            servers.append(server)
+            switch = "/v1/faults"
+            on = {"fault": 0, "active": True}
+            reply = (await call(faulty, "POST", switch, token=TOKEN, body=on))[1]
+            assert reply == {"ok": True, "active": [0]}
+            assert faulty_host.faults.active == {0}
+            status, reply = await call(faulty, "POST", switch, token=TOKEN, body={"fault": 1, "active": True})
+            assert (status, reply["field"]) == (400, "fault")  # a kill is not switched in the process
+            assert (await call(faulty, "POST", switch, body=on))[0] == 401
+            assert (await call(faulty, "POST", switch, token=TOKEN, raw=big))[0] == 413
+            # the dispatchers' health check of a node host: incarnation and every node's report
+            status, reply = await call(nodes, "GET", "/v1/state", token=TOKEN)
+            assert status == 200 and set(reply["reports"]) == {"0", "1"}
+            assert reply["incarnation"] == node_host.incarnation
+            assert (await call(nodes, "GET", "/v1/state"))[0] == 401
+            # a dispatcher whose nodes never answered is not ready
+            status, reply = await call(lost, "GET", "/v1/health")
+            assert (status, reply["status"], reply["ready"]) == (503, "starting", False)
+            # a task lost with its node: the node host goes away after the dispatcher's first contact
+            gone_host = NodeHost(exp, [0, 1], [NOWHERE], TOKEN)
+            gone_server, gone_nodes = await serve(build_node_app(gone_host))
+            urls = [f"{gone_nodes}/v1/nodes/{k}" for k in range(exp.n)]
+            orphan = DispatcherHost(exp, 0, 1, urls, TOKEN)
+            server, orphan_url = await serve(build_dispatcher_app(orphan))
+            servers.append(server)
+            await asyncio.wait_for(orphan.health.ready.wait(), 10)
+            await gone_server.close()
+            status, reply = await call(orphan_url, "POST", tasks, body={"work": 1.0})
+            assert status == 502 and reply["node"] in (0, 1), reply
+            assert orphan.outcomes["lost"] == 1 and orphan.health.up_count == 0  # marked down at once
 
             # the token is asked for exactly where the document says so
             for (method, path), op in call.ops.items():

@@ -110,13 +110,33 @@ def _diff(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.pad(b, (0, width - len(b))) - np.pad(a, (0, width - len(a)))
 
 
-def cluster_raw(exp: Experiment, snaps: Sequence[Snapshot], records: Sequence[TaskRecord]) -> RawRun:
+def cluster_raw(
+    exp: Experiment,
+    snaps: Sequence[Snapshot],
+    records: Sequence[TaskRecord],
+    keep: Sequence[bool] | None = None,
+) -> RawRun:
     """The measurements of the window [snaps[0], snaps[-1]], one batch between consecutive snapshots.
 
     The snapshots are meant to fall at model times warmup + b * duration / B of the load's schedule.
     ``records`` are the load generator's completed tasks; a task belongs to the batch its intended arrival
-    time ``t`` (model seconds from the start of the load) falls in.
+    time ``t`` (model seconds from the start of the load) falls in. ``keep``: the batches to report (the
+    others are dropped: a fault disturbed them); all by default.
     """
+    raw = _all_batches(exp, snaps, records)
+    if keep is None or all(keep):
+        return raw
+    if len(keep) != raw.batches or sum(keep) < 2:
+        raise ValueError(f"keep {sum(keep)} of {raw.batches} batches: at least two must remain")
+    mask = np.array(keep, bool)
+    raw.ratios = {k: (num[mask], den[mask]) for k, (num, den) in raw.ratios.items()}
+    raw.sojourns = [s for s, k in zip(raw.sojourns, keep, strict=True) if k]
+    raw.batches = int(mask.sum())
+    raw.batch_of = [b for b, k in enumerate(keep) if k]
+    return raw
+
+
+def _all_batches(exp: Experiment, snaps: Sequence[Snapshot], records: Sequence[TaskRecord]) -> RawRun:
     B = len(snaps) - 1
     if B < 1:
         raise ValueError("a measured window needs at least two snapshots")

@@ -78,8 +78,10 @@ def over_time(
     duration: float,
     raws: dict[str, RawRun],
     theory: Result | None,
+    batches: int | None = None,
 ) -> Path:
-    """Utility per node batch by batch with its bounds (pools), or tasks in the system (queues)."""
+    """Utility per node batch by batch with its bounds (pools), or tasks in the system (queues);
+    ``batches``: how many the window has (a run with faults keeps only some)."""
     plt = _pyplot()
     key = "utility" if all("utility" in r.ratios for r in raws.values()) else "tasks_in_system"
     fig, ax = plt.subplots(figsize=(7.5, 4))
@@ -88,6 +90,11 @@ def over_time(
         if y is None:
             continue
         B = len(y)
+        if raw.batch_of:  # batches a fault disturbed are left out: a gap in the line
+            B = batches or max(raw.batch_of) + 1
+            full = np.full(B, np.nan)
+            full[np.array(raw.batch_of)] = y
+            y = full
         t = warmup + duration * (np.arange(B) + 0.5) / B
         ax.plot(t, y, marker="o", ms=3, color=COLORS.get(source), label=f"{source} (batch means)")
     bounds = (theory.extras.get("bounds") if theory is not None else None) or {}
@@ -231,3 +238,57 @@ def tradeoff(
     ax.grid(True, alpha=0.3)
     ax.legend(title="policy")
     return _save(fig, directory / "tradeoff.png")
+
+
+def fault_timeline(
+    directory: Path,
+    end: float,
+    completed: Sequence[tuple[float, int]],
+    failures: Sequence[tuple[float, str, int]],
+    actions: Sequence[Mapping[str, Any]],
+    events: Sequence[Mapping[str, Any]],
+) -> Path:
+    """Tasks per model second by intended arrival time: completed (all, and at each faulty process's
+    nodes) and not completed, with the fault windows shaded and the dispatchers' down/up marked."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(10, 4.2))
+    edges = np.linspace(0.0, end, 121)
+    width = edges[1] - edges[0]
+
+    def rate(times: Sequence[float]) -> np.ndarray:
+        return np.histogram(np.asarray(times, float), bins=edges)[0] / width
+
+    mid = (edges[:-1] + edges[1:]) / 2
+    ax.plot(mid, rate([t for t, _ in completed]), color="tab:blue", label="completed (all nodes)")
+    windows: dict[int, dict[str, Any]] = {}
+    for a in actions:
+        w = windows.setdefault(int(a["fault"]), {"kind": a["kind"], "nodes": a.get("nodes") or []})
+        w[a["action"]] = float(a["model_time"])
+    colors = iter(["tab:purple", "tab:brown", "tab:olive", "tab:cyan", "tab:pink", "tab:gray"])
+    for i, w in sorted(windows.items()):
+        color = next(colors, "tab:gray")
+        ax.axvspan(
+            w.get("start", 0.0), w.get("end", end), color=color, alpha=0.15, label=f"fault {i}: {w['kind']}"
+        )
+        if w["nodes"]:
+            nodes = set(w["nodes"])
+            ax.plot(
+                mid,
+                rate([t for t, k in completed if k in nodes]),
+                color=color,
+                label=f"completed at nodes {min(nodes)}-{max(nodes)}",
+            )
+    bad = [t for t, _, _ in failures]
+    if bad:
+        ax.plot(mid, rate(bad), color="tab:red", label="lost, refused or failed")
+    for e in events:
+        style = {"down": ("tab:red", "--"), "up": ("tab:green", ":")}.get(str(e.get("to")), ("black", "-"))
+        ax.axvline(float(e["model_time"]), color=style[0], linestyle=style[1], lw=1)
+    ax.plot([], [], color="tab:red", linestyle="--", lw=1, label="marked down")
+    ax.plot([], [], color="tab:green", linestyle=":", lw=1, label="back up")
+    ax.set_xlabel("model time of arrival (s)")
+    ax.set_ylabel("tasks per model second")
+    ax.set_title("faults: routing and outcomes over time")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside: the lines fill the box
+    return _save(fig, directory / "faults.png")

@@ -171,6 +171,65 @@ def _messages_table(rep: RunReport) -> str:
     return table(rows, markdown=True)
 
 
+def _faults_section(rep: RunReport) -> list[str]:
+    """What the injector did, when the dispatchers noticed, and what the run excluded."""
+    faults = rep.cluster.extras.get("faults")
+    if not faults:
+        return []
+    e = rep.exp
+    rows = [["fault", "target", "start", "end", "marked down", "back up", "note"]]
+    by_fault: dict[int, dict[str, Any]] = {}
+    for a in faults["actions"]:
+        entry = by_fault.setdefault(a["fault"], {"target": a["target"], "nodes": a.get("nodes") or []})
+        entry[a["action"]] = a
+    for i, f in sorted(by_fault.items()):
+        start = f.get("start", {}).get("model_time")
+        end = f.get("end", {}).get("model_time")
+        nodes = set(f["nodes"])
+        down = up = "-"
+        if nodes and start is not None:
+            hits = [
+                ev
+                for ev in faults["health_events"]
+                if nodes & set(range(ev["nodes"][0], ev["nodes"][-1] + 1)) and ev["model_time"] >= start
+            ]
+            d = next((ev for ev in hits if ev["to"] == "down"), None)
+            after = [ev for ev in hits if ev["to"] == "up" and end is not None and ev["model_time"] >= end]
+            u = after[0] if after else None
+            down = f"{d['model_time']:.4g} (+{d['model_time'] - start:.3g})" if d else "not noticed"
+            up = f"{u['model_time']:.4g} (+{u['model_time'] - end:.3g})" if u and end is not None else "-"
+        ends = (f.get("start", {}), f.get("end", {}))
+        errors = "; ".join(x["error"] for x in ends if x.get("error"))
+        rows.append(
+            [
+                str(i),
+                f["target"],
+                _num(start),
+                _num(end),
+                down,
+                up,
+                errors,
+            ]
+        )
+    load = rep.cluster.extras.get("load", {})
+    excluded = faults["batches_excluded"]
+    return [
+        "## Faults",
+        "",
+        table(rows, markdown=True),
+        "",
+        f"Times in model seconds from the start of the load; in brackets the delay after the fault began "
+        f"or ended (heartbeat every {e.health.heartbeat:g} s wall, timeout {e.health.timeout:g} s wall "
+        f"= {e.health.timeout / e.run.time_scale:.3g} model s). Every task is accounted for: "
+        f"{load.get('sent', 0)} sent = {load.get('completed', 0)} completed + {load.get('refused', 0)} "
+        f"refused + {load.get('lost', 0)} lost with a node + {load.get('failed', 0)} lost with a dispatcher "
+        f"or unreachable + {load.get('dropped', 0)} dropped by the generator. Batches "
+        f"{', '.join(map(str, excluded)) or 'none'} of {e.run.batches} overlap a fault or the warm-up after "
+        f"it and are left out of the comparison (docs/faults.md).",
+        "",
+    ]
+
+
 def markdown(rep: RunReport, images: Sequence[Path]) -> str:
     e, c = rep.exp, rep.cluster
     load = c.extras.get("load", {})
@@ -189,6 +248,7 @@ def markdown(rep: RunReport, images: Sequence[Path]) -> str:
     ]
     if rep.warnings:
         out += ["## Warnings", "", *(f"- {w}" for w in rep.warnings), ""]
+    out += _faults_section(rep)
     out += ["## Messages per task by kind", "", _messages_table(rep), ""]
     overhead = c.extras.get("network_overhead", {})
     out += [
@@ -216,6 +276,7 @@ def write(
     rep: RunReport,
     raws: dict[str, RawRun],
     r_series: Sequence[tuple[float, float]],
+    timeline: tuple[Sequence[tuple[float, int]], Sequence[tuple[float, str, int]]] | None = None,
 ) -> list[Path]:
     """Write results.json, the plots and report.md; returns the files written."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -223,8 +284,21 @@ def write(
     e = rep.exp
     images: list[Path | None] = [
         plots.occupancy_tail(directory, results),
-        plots.over_time(directory, e.run.warmup, e.run.duration, raws, rep.theory),
+        plots.over_time(directory, e.run.warmup, e.run.duration, raws, rep.theory, e.run.batches),
     ]
+    faults = rep.cluster.extras.get("faults")
+    if faults and timeline is not None:
+        completed, failures = timeline
+        images.append(
+            plots.fault_timeline(
+                directory,
+                e.run.warmup + e.run.duration,
+                completed,
+                failures,
+                faults["actions"],
+                faults["health_events"],
+            )
+        )
     if e.policy.name == "slta":
         images.append(plots.slta_r(directory, r_series, raws.get("simulation"), rep.theory))
     images.append(plots.messages(directory, results))

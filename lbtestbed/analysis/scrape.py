@@ -51,6 +51,7 @@ class Snapshot:
 
     at: float
     processes: dict[str, ProcessSamples]
+    missing: list[str] = field(default_factory=list)  # processes that did not answer (a fault's target)
 
     def value(self, name: str, **labels: str) -> float:
         return sum(p.value(name, **labels) for p in self.processes.values())
@@ -72,21 +73,33 @@ def parse(text: str) -> ProcessSamples:
     return out
 
 
-async def scrape(session: aiohttp.ClientSession, urls: Sequence[str], origin: float) -> Snapshot:
-    """Scrape every process at once; ``origin`` is the monotonic instant of model time 0."""
+async def scrape(
+    session: aiohttp.ClientSession,
+    urls: Sequence[str],
+    origin: float,
+    missing_ok: bool = False,
+    timeout: float = 10.0,
+) -> Snapshot:
+    """Scrape every process at once; ``origin`` is the monotonic instant of model time 0.
+    ``missing_ok``: a process that does not answer (killed or paused by a fault) is listed in
+    ``missing`` instead of failing the scrape."""
 
-    async def one(url: str) -> tuple[str, ProcessSamples]:
+    async def one(url: str) -> tuple[str, ProcessSamples | None]:
         try:
-            async with session.get(f"{url}/metrics", timeout=aiohttp.ClientTimeout(total=10)) as resp:
+            async with session.get(f"{url}/metrics", timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
                 if resp.status != 200:
                     raise ScrapeError(f"{url}/metrics answered {resp.status}")
                 return url, parse(await resp.text())
-        except (aiohttp.ClientError, TimeoutError) as e:
+        except (aiohttp.ClientError, TimeoutError, ScrapeError) as e:
+            if missing_ok:
+                return url, None
             raise ScrapeError(f"{url}/metrics: {e or type(e).__name__}") from None
 
     at = time.monotonic() - origin
     pages = await asyncio.gather(*(one(u) for u in urls))
-    return Snapshot(at, dict(pages))
+    return Snapshot(
+        at, {u: page for u, page in pages if page is not None}, [u for u, page in pages if page is None]
+    )
 
 
 def from_query(rows: Iterable[tuple[Labels, float]], at: float) -> Snapshot:

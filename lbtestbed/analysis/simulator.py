@@ -69,6 +69,7 @@ class RawRun:
     events: int = 0
     wall_seconds: float = 0.0
     stale_tokens: int = 0
+    batch_of: list[int] = field(default_factory=list)  # positions of the batches kept (empty: all)
 
 
 class _Pending:

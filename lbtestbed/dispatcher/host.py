@@ -25,7 +25,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from lbtestbed import wire
+from lbtestbed.dispatcher.health import Health
 from lbtestbed.distributions import BlockSampler
+from lbtestbed.faults import MessageFaults
 from lbtestbed.policies import DISPATCHER_BOUND, MESSAGE_KINDS, Message, Probe, Route, make_dispatcher
 from lbtestbed.policies.slta import SLTADispatcher
 from lbtestbed.spec import Experiment, seed_sequence, seeded_random
@@ -114,6 +116,8 @@ class DispatcherHost:
             buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25),
             registry=self.registry,
         )
+        self.faults = MessageFaults(exp, index)
+        self.health = Health(self)
         self.registry.register(_DispatcherCollector(self))
 
     async def start(self) -> None:
@@ -121,8 +125,10 @@ class DispatcherHost:
             connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
         )
+        self.health.start()
 
     async def stop(self) -> None:
+        self.health.stop()
         for t in list(self.background):
             t.cancel()
         if self.session is not None:
@@ -140,7 +146,8 @@ class DispatcherHost:
     # ------------------------------------------------------------------------------------ tasks
 
     async def _probe(self, k: int) -> int:
-        """One probe and its reply (each delayed like any state message); an unreachable node looks full."""
+        """One probe and its reply (each delayed like any state message); an unreachable node looks full
+        and is marked down (a paused one after the health timeout)."""
         assert self.session is not None
         await self._sleep_delay()
         self.sent["probe"] += 1
@@ -148,12 +155,14 @@ class DispatcherHost:
             async with self.session.post(
                 f"{self.node_urls[k]}/probe",
                 headers=wire.bearer(self.token),
-                timeout=aiohttp.ClientTimeout(5),
+                timeout=aiohttp.ClientTimeout(self.exp.health.timeout),
             ) as resp:
                 body = await resp.json()
                 x = int(body["x"])
-        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError):
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as e:
             self.failures["probe"] += 1
+            if isinstance(e, aiohttp.ClientError | TimeoutError):
+                self.health.unreachable(k, f"probe failed: {str(e) or type(e).__name__}")
             return 1 << 30
         await self._sleep_delay()
         self.received["probe_reply"] += 1
@@ -170,6 +179,10 @@ class DispatcherHost:
                 )
         except wire.BadRequest as e:
             return wire.error(e.status, str(e), e.field)
+        if not self.health.ready.is_set() or not self.health.up_count:
+            self.outcomes["refused"] += 1
+            why = "no node is up" if self.health.ready.is_set() else "waiting for the nodes' first answers"
+            return wire.error(503, f"dispatcher {self.index} takes no tasks now: {why}")
         self.present.add(1, accepted)
         try:
             return await self._route(work, accepted)
@@ -185,17 +198,23 @@ class DispatcherHost:
         self.track_r()
         self.decisions[route.outcome] += 1
         self.in_flight += 1
+        generation = self.health.generation[route.node]
         try:
             forward = asyncio.ensure_future(self._forward(route, work, time.monotonic() - accepted))
-            self._send(route.messages)  # threshold updates follow the task they were decided with
+            self.send(route.messages)  # threshold updates follow the task they were decided with
             status, reply = await forward
             if self.delay_tasks:
                 await self._sleep_delay()  # the completion's way back, as in the simulator
         finally:
             self.in_flight -= 1
-            self.policy.on_task_done(route.node)
-        if status != 200:
+            # after a fresh up the policy counts the node from its report: earlier tasks are not its own
+            ours = generation == self.health.generation[route.node]
+            if ours:
+                self.policy.on_task_done(route.node)
+        if status != 200 and ours:
             self.policy.on_task_failed(route.node)
+        if status == 0:
+            self.health.unreachable(route.node, f"forward failed: {reply.get('error', '')}")
         if status == 200:
             self._apply_riders(reply.pop("messages", None))
             self.outcomes["completed"] += 1
@@ -204,10 +223,12 @@ class DispatcherHost:
             return web.json_response({"node": route.node, "sojourn": sojourn, **reply})
         if status == 503:
             self.outcomes["refused"] += 1
-            return wire.error(503, f"node {route.node} refused the task: {reply.get('error', '')}")
+            return wire.error(
+                503, f"node {route.node} refused the task: {reply.get('error', '')}", node=route.node
+            )
         self.outcomes["lost"] += 1
         self.lost_by_node[route.node] += 1
-        return wire.error(502, f"task lost with node {route.node}: {reply.get('error', '')}")
+        return wire.error(502, f"task lost with node {route.node}: {reply.get('error', '')}", node=route.node)
 
     async def _forward(self, route: Route, work: float, latency: float) -> tuple[int, dict[str, Any]]:
         assert self.session is not None
@@ -226,14 +247,21 @@ class DispatcherHost:
 
     # --------------------------------------------------------------------------------- messages
 
-    def _send(self, msgs: Sequence[Message]) -> None:
+    def send(self, msgs: Sequence[Message]) -> None:
         for m in msgs:
-            t = asyncio.ensure_future(self._post_message(m))
-            self.background.add(t)
-            t.add_done_callback(self.background.discard)
+            self.health.sent(m.node)
+            copies = self.faults.copies(m.kind)
+            if not copies:  # dropped on the way: sent, never received
+                self.sent[m.kind] += 1
+            for extra in copies:
+                t = asyncio.ensure_future(self._post_message(m, extra))
+                self.background.add(t)
+                t.add_done_callback(self.background.discard)
 
-    async def _post_message(self, m: Message) -> None:
+    async def _post_message(self, m: Message, extra: float = 0.0) -> None:
         assert self.session is not None
+        if extra:
+            await asyncio.sleep(extra * self.scale)
         await self._sleep_delay()
         self.sent[m.kind] += 1
         try:
@@ -265,6 +293,9 @@ class DispatcherHost:
                 self.rejected[m.kind] += 1
                 log.warning("rejected %s message from unknown node %d on a reply", m.kind, m.node)
                 continue
+            if not self.health.node_up[m.node]:
+                self.health.ignored[m.kind] += 1  # its state is read afresh when it is back
+                continue
             try:
                 out = self.policy.on_message(m)
             except (ValueError, TypeError, AssertionError) as e:
@@ -274,7 +305,7 @@ class DispatcherHost:
             self.received[m.kind] += 1
             self.piggybacked[m.kind] += 1
             self.track_r()
-            self._send(out)
+            self.send(out)
 
     async def post_messages(self, request: web.Request) -> web.Response:
         if not wire.authorized(request, self.token):
@@ -288,6 +319,9 @@ class DispatcherHost:
             if not 0 <= m.node < self.exp.n:
                 return wire.error(400, f"no node {m.node} in this cluster", f"messages[{i}].node")
         for i, m in enumerate(msgs):
+            if not self.health.node_up[m.node]:
+                self.health.ignored[m.kind] += 1  # its state is read afresh when it is back
+                continue
             try:
                 out = self.policy.on_message(m)
             except (ValueError, TypeError, AssertionError) as e:
@@ -297,18 +331,24 @@ class DispatcherHost:
                 )
             self.received[m.kind] += 1
             self.track_r()
-            self._send(out)
+            self.send(out)
         return web.json_response({"ok": True, "applied": len(msgs)})
 
     async def get_health(self, request: web.Request) -> web.Response:
+        ready = self.health.ready.is_set()
         return web.json_response(
             {
-                "status": "ok",
+                "status": "ok" if ready else "starting",
                 "dispatcher": self.index,
                 "policy": self.policy.name,
                 "in_flight": self.in_flight,
-            }
+                **self.health.snapshot(),
+            },
+            status=200 if ready else 503,  # not ready before every node process has answered once
         )
+
+    async def post_faults(self, request: web.Request) -> web.Response:
+        return await self.faults.handle(request, self.token)
 
 
 class _DispatcherCollector(Collector):
@@ -380,6 +420,39 @@ class _DispatcherCollector(Collector):
             area.add_metric([], h.r.area(now))
             yield area
         yield wire.time_scale_gauge(h.scale)
+        yield from _health_metrics(h)
+
+
+def _health_metrics(h: DispatcherHost) -> Iterator[Metric]:
+    health = h.health
+    up = GaugeMetricFamily("lbtestbed_dispatcher_nodes_up", "Nodes this dispatcher routes to (not down)")
+    up.add_metric([], health.up_count)
+    yield up
+    transitions = CounterMetricFamily(
+        "lbtestbed_dispatcher_node_transitions",
+        "Node processes marked down (failed forward or health check) and up again",
+        labels=["to"],
+    )
+    for to, v in sorted(health.transitions.items()):
+        transitions.add_metric([to], v)
+    yield transitions
+    beats = CounterMetricFamily(
+        "lbtestbed_dispatcher_health_checks", "Health checks of node processes by outcome", labels=["outcome"]
+    )
+    for outcome, v in sorted(health.heartbeats.items()):
+        beats.add_metric([outcome], v)
+    yield beats
+    yield wire.counters_by_kind(
+        "lbtestbed_dispatcher_messages_resent",
+        "Messages sent again because their answer was overdue (also counted as sent)",
+        health.resent,
+    )
+    yield wire.counters_by_kind(
+        "lbtestbed_dispatcher_messages_ignored",
+        "State messages from nodes marked down (their state is read afresh when they are back)",
+        health.ignored,
+    )
+    yield h.faults.metric("dispatcher")
 
 
 def build_app(host: DispatcherHost) -> web.Application:
@@ -387,5 +460,6 @@ def build_app(host: DispatcherHost) -> web.Application:
     app.router.add_post(wire.PREFIX + "/tasks", host.post_task)
     app.router.add_post(wire.PREFIX + "/messages", host.post_messages)
     app.router.add_get(wire.PREFIX + "/health", host.get_health)
+    app.router.add_post(wire.PREFIX + "/faults", host.post_faults)
     app.router.add_get("/metrics", wire.metrics_handler(host.registry))
     return wire.run_with(app, host)

@@ -53,6 +53,7 @@ class LoadReport:
     lateness: list[float] = field(default_factory=list)  # wall seconds, every send
     sojourns: list[float] = field(default_factory=list)  # model seconds, completed tasks
     records: list[TaskRecord] = field(default_factory=list)  # completed tasks
+    failures: list[tuple[float, str, int]] = field(default_factory=list)  # (t, outcome, node or -1)
     wall_seconds: float = 0.0  # until the last task came back
     send_seconds: float = 0.0  # from the first intended send to the last actual send
     model_seconds: float = 0.0
@@ -189,14 +190,13 @@ async def drive(
                     stay = float(reply.get("completed", 0.0)) - float(reply.get("arrived", 0.0))
                     node = int(reply.get("node", -1))
                     report.records.append(TaskRecord(t, work, node, sojourn, stay, bool(reply.get("waited"))))
-                elif resp.status == 503:
-                    report.outcomes["refused"] += 1
-                elif resp.status == 502:
-                    report.outcomes["lost"] += 1
                 else:
-                    report.outcomes["failed"] += 1
+                    outcome = {503: "refused", 502: "lost"}.get(resp.status, "failed")
+                    report.outcomes[outcome] += 1
+                    report.failures.append((t, outcome, _node_of(raw)))
         except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError, TypeError):
             report.outcomes["failed"] += 1
+            report.failures.append((t, "failed", -1))
         finally:
             outstanding -= 1
 
@@ -236,6 +236,15 @@ async def drive(
         if own:
             await session.close()
     return report
+
+
+def _node_of(raw: bytes) -> int:
+    """The node a refused or lost task was routed to, from the dispatcher's error body (-1: none)."""
+    try:
+        node = json.loads(raw).get("node", -1)
+    except (ValueError, AttributeError):
+        return -1
+    return node if isinstance(node, int) else -1
 
 
 def run_load(

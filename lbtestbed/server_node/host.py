@@ -24,6 +24,7 @@ from aiohttp import web
 
 from lbtestbed import wire
 from lbtestbed.distributions import BlockSampler
+from lbtestbed.faults import MessageFaults
 from lbtestbed.policies import DISPATCHER_BOUND, NODE_BOUND, Message, NodeSide, make_node_sides
 from lbtestbed.server_node.models import INF, NodeModel, make_node
 from lbtestbed.spec import Experiment, seed_sequence, seeded_random
@@ -76,6 +77,11 @@ class NodeHost:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.t0 = 0.0
         self.background: set[asyncio.Task[None]] = set()
+        # a new number at every start, larger than the last (microseconds: exact in JSON): dispatchers
+        # tell a restarted process, which has lost its tasks and counters, from one that was paused
+        self.incarnation = time.time_ns() // 1000
+        self.faults = MessageFaults(exp, 1000 + self.ids[0])
+        self.heartbeats = 0  # state reports served
 
     # ------------------------------------------------------------------------------------------ clock
 
@@ -149,7 +155,7 @@ class NodeHost:
         fut = self.waiting.pop(task.id, None)
         msgs = self.sides[k].on_departure(model.x, task.origin)
         # without an emulated delay, messages for the dispatcher that routed this task ride on its reply
-        if fut is not None and not fut.done() and self.delay is None:
+        if fut is not None and not fut.done() and self._riders():
             # messages for the dispatcher that routed this task ride on its reply, sent anyway
             ride = [m for m in msgs if m.dispatcher == task.origin]
             for m in ride:
@@ -163,15 +169,25 @@ class NodeHost:
 
     # --------------------------------------------------------------------------------------- messages
 
+    def _riders(self) -> bool:
+        """Whether messages for a task's dispatcher may ride on the reply: not when the network is
+        emulated (a delay, or message faults active), which applies to messages sent on their own."""
+        return self.delay is None and not self.faults.active
+
     def _send(self, msgs: Sequence[Message]) -> None:
         for m in msgs:
-            task = asyncio.ensure_future(self._post_message(m))
-            self.background.add(task)
-            task.add_done_callback(self.background.discard)
+            copies = self.faults.copies(m.kind)
+            if not copies:  # dropped on the way: sent, never received
+                self.sent[m.kind] += 1
+            for extra in copies:
+                task = asyncio.ensure_future(self._post_message(m, extra))
+                self.background.add(task)
+                task.add_done_callback(self.background.discard)
 
-    async def _post_message(self, m: Message) -> None:
-        if self.delay is not None:
-            await asyncio.sleep(self.delay() * self.scale)
+    async def _post_message(self, m: Message, extra: float = 0.0) -> None:
+        wait = extra + (self.delay() if self.delay is not None else 0.0)
+        if wait > 0:
+            await asyncio.sleep(wait * self.scale)
         if not 0 <= m.dispatcher < len(self.dispatchers):
             self.send_failures[m.kind] += 1
             return
@@ -270,7 +286,7 @@ class NodeHost:
                     400, f"{m.kind}: {e} ({i} of {len(msgs)} messages applied)", f"messages[{i}]"
                 )
             self.received[m.kind] += 1
-            if self.delay is None:  # answers to the sender ride on this reply
+            if self._riders():  # answers to the sender ride on this reply
                 ride.extend(a for a in out if a.dispatcher == m.dispatcher)
                 out = tuple(a for a in out if a.dispatcher != m.dispatcher)
             self._send(out)
@@ -284,6 +300,22 @@ class NodeHost:
 
     async def get_health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "nodes": self.ids, "model_time": self.now()})
+
+    async def get_state(self, request: web.Request) -> web.Response:
+        """The dispatchers' heartbeat: this process's incarnation and every node's report (its node
+        side's account of itself, after the departures due by now)."""
+        if not wire.authorized(request, self.token):
+            return wire.error(401, "missing or wrong token")
+        t = self.now()
+        reports = {}
+        for k, side in self.sides.items():
+            self._catch_up(k, max(t, self.models[k].last))
+            reports[str(k)] = list(side.report(self.models[k].x))
+        self.heartbeats += 1
+        return web.json_response({"incarnation": self.incarnation, "model_time": t, "reports": reports})
+
+    async def post_faults(self, request: web.Request) -> web.Response:
+        return await self.faults.handle(request, self.token)
 
     def snapshot(self) -> dict[str, Any]:
         """Exact integrals of every node up to now (advancing them is harmless: it is exact integration)."""
@@ -303,6 +335,8 @@ def build_app(host: NodeHost) -> web.Application:
     app.router.add_post(p + r"/nodes/{node:\d+}/probe", host.post_probe)
     app.router.add_post(p + r"/nodes/{node:\d+}/messages", host.post_messages)
     app.router.add_get(p + "/health", host.get_health)
+    app.router.add_get(p + "/state", host.get_state)
+    app.router.add_post(p + "/faults", host.post_faults)
     from lbtestbed.server_node.metrics import registry_for  # the collector module imports this one
 
     app.router.add_get("/metrics", wire.metrics_handler(registry_for(host)))

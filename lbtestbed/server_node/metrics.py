@@ -84,6 +84,17 @@ class NodeCollector(Collector):
             ),
         ):
             yield wire.counters_by_kind(name, doc, counts)
+        yield host.faults.metric("node")
+        incarnation = GaugeMetricFamily(
+            "lbtestbed_node_incarnation", "When this process started (microseconds since the epoch)"
+        )
+        incarnation.add_metric([], host.incarnation)
+        yield incarnation
+        heartbeats = CounterMetricFamily(
+            "lbtestbed_node_state_reports", "State reports served to the dispatchers' health checks"
+        )
+        heartbeats.add_metric([], host.heartbeats)
+        yield heartbeats
 
 
 def registry_for(host: NodeHost) -> CollectorRegistry:

@@ -1,0 +1,197 @@
+"""The run's side of fault injection: the spec's ``[[faults]]`` applied at their model times.
+
+Process faults act on the processes ``lbt run`` started: ``kill`` sends SIGKILL to the node process serving
+the fault's node and starts it again at ``until`` (same port, a new incarnation with no tasks); ``pause``
+sends SIGSTOP and SIGCONT; ``restart_dispatcher`` kills a dispatcher and starts it again. Message faults
+are switched on and off in every process (``POST /v1/faults``), which applies them to what it sends
+(``lbtestbed.faults``). Every action is logged with the model time it took effect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from lbtestbed import wire
+from lbtestbed.cluster import ClusterError, ClusterFile, Endpoint, spawn
+from lbtestbed.spec import MESSAGE_FAULTS, Experiment, Fault
+
+
+@dataclass
+class FaultAction:
+    """One thing the injector did: ``action`` start or end of fault ``fault``, at ``model_time``."""
+
+    fault: int
+    kind: str
+    action: str
+    target: str
+    model_time: float
+    error: str = ""
+    nodes: list[int] = field(default_factory=list)  # the nodes of a node process it acted on
+
+
+def target_of(f: ClusterFile, fault: Fault) -> Endpoint | None:
+    """The process a process fault acts on (None for message faults)."""
+    if fault.kind in ("kill", "pause"):
+        for e in f.node_hosts:
+            if fault.node in e.nodes:
+                return e
+        raise ClusterError(f"no node process serves node {fault.node}")
+    if fault.kind == "restart_dispatcher":
+        if fault.dispatcher >= len(f.dispatchers):
+            raise ClusterError(
+                f"fault restart_dispatcher names dispatcher {fault.dispatcher}, the cluster has "
+                f"{len(f.dispatchers)}"
+            )
+        return f.dispatchers[fault.dispatcher]
+    return None
+
+
+def describe(f: ClusterFile, fault: Fault) -> str:
+    e = target_of(f, fault)
+    if e is None:
+        return f"{fault.kind} {fault.fraction:g} of {', '.join(fault.messages)}"
+    if e.role == "nodes":
+        return f"{fault.kind} node process {e.index} (nodes {e.nodes[0]}-{e.nodes[-1]})"
+    return f"{fault.kind} {e.index}"
+
+
+def check(exp: Experiment, f: ClusterFile, local: bool) -> None:
+    """Refuse faults the cluster cannot take, before the run starts."""
+    windows: dict[str, list[tuple[float, float]]] = {}
+    for i, fault in enumerate(exp.faults):
+        e = target_of(f, fault)
+        if e is None:
+            continue
+        if not local:
+            raise ClusterError(
+                f"faults[{i}] ({fault.kind}) signals a process: it needs a cluster that lbt run starts "
+                f"itself, not one given with --endpoints"
+            )
+        key = f"{e.role}-{e.index}"
+        for a, b in windows.get(key, []):
+            if fault.at < b and a < fault.until:
+                raise ClusterError(
+                    f"faults[{i}] overlaps an earlier fault on the same process ({key}, [{a:g}, {b:g}))"
+                )
+        windows.setdefault(key, []).append((fault.at, fault.until))
+
+
+class Injector:
+    """Applies ``exp.faults`` to the cluster ``f`` (file ``path``) on the load's clock."""
+
+    def __init__(
+        self,
+        exp: Experiment,
+        f: ClusterFile,
+        path: Path,
+        origin: float,
+        say: Callable[[str], None],
+    ) -> None:
+        self.exp, self.f, self.path, self.origin, self.say = exp, f, path, origin, say
+        self.scale = exp.run.time_scale
+        self.log: list[FaultAction] = []
+
+    def now(self) -> float:
+        return (time.monotonic() - self.origin) / self.scale
+
+    async def run(self, session: aiohttp.ClientSession) -> None:
+        steps = sorted(
+            [(fault.at, i, "start") for i, fault in enumerate(self.exp.faults)]
+            + [(fault.until, i, "end") for i, fault in enumerate(self.exp.faults)]
+        )
+        for t, i, action in steps:
+            delay = self.origin + t * self.scale - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await self._apply(session, i, action)
+
+    async def _apply(self, session: aiohttp.ClientSession, i: int, action: str) -> None:
+        fault = self.exp.faults[i]
+        e = target_of(self.f, fault)
+        target = describe(self.f, fault)
+        at = self.now()  # when the signal or the switch goes out: a dispatcher may notice at once
+        error = ""
+        if fault.kind in MESSAGE_FAULTS:
+            error = await self._switch(session, i, action == "start")
+        elif e is not None:
+            error = self._signal(fault.kind, e, action)
+        nodes = list(e.nodes) if e is not None else []
+        entry = FaultAction(i, fault.kind, action, target, at, error, nodes)
+        self.log.append(entry)
+        note = f" ({error})" if error else ""
+        self.say(f"fault {i}: {action} {target} at model time {entry.model_time:.4g}{note}")
+
+    def _signal(self, kind: str, e: Endpoint, action: str) -> str:
+        if kind == "pause":
+            return _kill(e.pid, signal.SIGSTOP if action == "start" else signal.SIGCONT)
+        if action == "start":
+            problem = _kill(e.pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(e.pid, 0)  # our child: reap it now
+            return problem
+        spawn(self.path, self.f, e)  # same port: the dispatchers find it again, with a new incarnation
+        self.f.save(self.path)
+        return ""
+
+    async def _switch(self, session: aiohttp.ClientSession, i: int, active: bool) -> str:
+        urls = [e.url for e in self.f.dispatchers + self.f.node_hosts]
+
+        async def one(url: str) -> str:
+            try:
+                async with session.post(
+                    f"{url}{wire.PREFIX}/faults",
+                    json={"fault": i, "active": active},
+                    headers=wire.bearer(self.f.token),
+                    timeout=aiohttp.ClientTimeout(total=5),
+                ) as resp:
+                    return "" if resp.status == 200 else f"{url}: {resp.status} {await resp.text()}"
+            except (aiohttp.ClientError, TimeoutError) as e:
+                return f"{url}: {str(e) or type(e).__name__}"
+
+        problems = [p for p in await asyncio.gather(*(one(u) for u in urls)) if p]
+        return "; ".join(problems)
+
+    def restore(self) -> None:
+        """After the run: continue any process still paused (a run cut short), so that it can be stopped."""
+        for fault in self.exp.faults:
+            e = target_of(self.f, fault)
+            if fault.kind == "pause" and e is not None:
+                _kill(e.pid, signal.SIGCONT)
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [asdict(a) for a in self.log]
+
+
+def _kill(pid: int, sig: int) -> str:
+    try:
+        os.killpg(pid, sig)  # each process leads its own session and group
+    except ProcessLookupError:
+        return f"process {pid} is gone"
+    except PermissionError as e:
+        return f"process {pid}: {e}"
+    return ""
+
+
+def excluded_batches(exp: Experiment) -> list[bool]:
+    """Which batches of the measured window a fault may have disturbed: those overlapping
+    [at, until + settle] of some fault."""
+    B, w, L = exp.run.batches, exp.run.warmup, exp.run.duration / exp.run.batches
+    out = []
+    for b in range(B):
+        lo, hi = w + b * L, w + (b + 1) * L
+        out.append(any(f.at < hi and lo < f.until + f.settle for f in exp.faults))
+    return out
+
+
+def fault_windows(exp: Experiment) -> Sequence[tuple[float, float]]:
+    return [(f.at, f.until) for f in exp.faults]
