@@ -580,6 +580,41 @@ def test_a_task_counted_as_failed_that_ran_is_counted_again(name: str) -> None:
     assert net.x[k2] == picture(net.disp, k2)
 
 
+@pytest.mark.parametrize("name", ["jsq", "jlmu"])
+def test_a_departure_raises_the_count_of_tasks_sent_to_what_arrived(name: str) -> None:
+    """Two tasks the host counted as failed both ran at the node (every other node is down, so both go
+    there): the first departure notice, (2 arrived, 1 departed), shows the one still there."""
+    net = Net(policy_exp(name), seed=39)
+    for k in range(1, net.n):
+        net.node_down(k)
+    assert net.fail(ran=True) == 0 and net.fail(ran=True) == 0
+    assert picture(net.disp, 0) == 0 and net.x[0] == 2
+    net.depart(0)
+    assert net.to_disp == [Message("departure", 0, (2, 1), 0)]
+    net.deliver()
+    assert picture(net.disp, 0) == net.x[0] == 1
+
+
+@pytest.mark.parametrize("name", ["jsq", "jlmu", "jiq", "slta"])
+def test_a_message_of_a_node_that_is_down_does_not_bring_it_back(name: str) -> None:
+    """The host drops such messages; if one reached the policy all the same, the node stays out."""
+    net = Net(policy_exp(name), seed=40)
+    for _ in range(12):
+        net.arrive()
+    k = max(range(net.n), key=lambda j: net.x[j])
+    while net.x[k]:  # JIQ: ends with an idle token
+        net.depart(k)
+    net.node_down(k)
+    assert net.to_disp
+    for m in net.to_disp:
+        net.disp.on_message(m)  # past the host
+    check_structures(net)
+    net.to_disp.clear()
+    net.chosen.clear()
+    drive(net, 100, random.Random(41))
+    assert k not in net.chosen
+
+
 def test_departures_count_per_dispatcher() -> None:
     """A node counts each dispatcher's tasks apart, and reports them all: (x, A0, D0, A1, D1)."""
     side = make_node_sides(policy_exp("jsq"), random.Random(1), dispatchers=2)[2]
