@@ -313,10 +313,13 @@ EXCUSED: list[tuple[set[str], re.Pattern[str], str]] = [
     ({"jiq"}, re.compile(r"slta"), "JIQ has no SLTA state"),
     ({"slta", "faults"}, re.compile(r'idle_tokens|quantity!~"slta_'), "SLTA exports only slta_* state"),
     ({"jiq"}, re.compile(r"utility_to_bound"), "FCFS servers have no utility bound (lbt predict)"),
+    ({"jiq"}, re.compile(r"messages_resent"), "only SLTA's epochs are ever sent again"),
     # nothing fails in the two main scenarios; the faults scenario has it all
     (
         {"slta", "jiq"},
-        re.compile(r'message_failures|outcome="(refused|lost)"\}\[1m\]|up\{job="lbtestbed"\} == 0'),
+        re.compile(
+            r'message_failures|outcome="(refused|lost)"\}\[1m\]|up\{job="lbtestbed"\} == 0|node_transitions'
+        ),
         "no process failed, no node at a task limit",
     ),
     ({"slta", "jiq"}, re.compile(r"slta_unanswered_epochs"), "no epoch was lost: SLTA keeps learning"),
@@ -711,6 +714,8 @@ def test_fault_alerts_fire(faults: Faults) -> None:
     down = by_alert["LbtestbedTargetDown"]
     assert isinstance(down, list) and [(lab["role"], lab["index"]) for lab, _ in down] == [("nodes", "1")]
     assert by_alert["LbtestbedTasksRefused"] and by_alert["LbtestbedTasksLost"]
+    marked = by_alert["LbtestbedNodesMarkedDown"]  # the killed host, by the dispatcher's health checks
+    assert isinstance(marked, list) and [v for _, v in marked] and all(v >= 1 for _, v in marked), marked
     failures = by_alert["LbtestbedMessageFailures"]
     assert isinstance(failures, list)
     assert ("nodes", "token_departure") in {(lab["role"], lab["kind"]) for lab, _ in failures}, failures

@@ -79,7 +79,8 @@ class Health:
         self.events: deque[dict[str, Any]] = deque(maxlen=EVENTS_KEPT)
         self.transitions: Counter[str] = Counter({"down": 0, "up": 0})
         self.heartbeats: Counter[str] = Counter({"ok": 0, "failed": 0})
-        self.resent: Counter[str] = Counter()
+        # from 0 for what the policy may resend (SLTA's epochs), so that the first resend is an increase
+        self.resent: Counter[str] = Counter({"epoch": 0} if exp.policy.name == "slta" else {})
         self.ignored: Counter[str] = Counter()  # messages from nodes that were down
         self.tasks: list[asyncio.Task[None]] = []
 
