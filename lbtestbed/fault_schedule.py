@@ -62,7 +62,7 @@ def describe(f: ClusterFile, fault: Fault) -> str:
         return f"{fault.kind} {fault.fraction:g} of {', '.join(fault.messages)}"
     if e.role == "nodes":
         return f"{fault.kind} node process {e.index} (nodes {e.nodes[0]}-{e.nodes[-1]})"
-    return f"{fault.kind} {e.index}"
+    return f"restart dispatcher {e.index}"
 
 
 def check(exp: Experiment, f: ClusterFile, local: bool) -> None:

@@ -305,3 +305,97 @@ def test_message_faults_draw_the_same_for_the_same_seed() -> None:
     a.set(0, True)
     b.set(0, True)
     assert [a.copies("idle_token") for _ in range(200)] == [b.copies("idle_token") for _ in range(200)]
+
+
+# ------------------------------------------------------- message faults and a dispatcher restart, end to end
+
+MESSAGES_SPEC = (
+    SPEC.split("[health]")[0]
+    .replace('name = "faults-e2e"', 'name = "faults-messages"')
+    .replace('"jiq"', '"jsq"')
+    + """
+[[faults]]
+kind = "drop"
+fraction = 0.5
+messages = ["departure"]
+at = 85.0
+until = 125.0
+settle = 20.0
+
+[[faults]]
+kind = "duplicate"
+fraction = 1.0
+at = 165.0
+until = 185.0
+settle = 20.0
+
+[[faults]]
+kind = "restart_dispatcher"
+at = 265.0
+until = 275.0
+settle = 20.0
+"""
+)
+
+
+@pytest.fixture(scope="module")
+def messages_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    d = tmp_path_factory.mktemp("faults-messages")
+    spec = d / "spec.toml"
+    spec.write_text(MESSAGES_SPEC)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lbtestbed.cli",
+            "run",
+            str(spec),
+            "--out",
+            str(d / "r"),
+            "--json",
+            *PROCESSES,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode in (0, 1), proc.stderr
+    doc: dict[str, Any] = json.loads(proc.stdout)
+    return doc
+
+
+def test_message_faults_and_a_dispatcher_restart_are_applied_and_accounted_for(
+    messages_run: dict[str, Any],
+) -> None:
+    cluster = messages_run["results"]["cluster"]
+    actions = cluster["faults"]["actions"]
+    assert [(a["fault"], a["action"]) for a in actions] == [
+        (0, "start"), (0, "end"), (1, "start"), (1, "end"), (2, "start"), (2, "end")
+    ]  # fmt: skip
+    assert all(a["error"] == "" for a in actions), actions
+    load = cluster["load"]
+    assert sum(load[k] for k in ("completed", "refused", "lost", "failed", "dropped")) == load["scheduled"]
+    assert load["failed"] > 0, "no task met the dead dispatcher"
+    assert load["lost"] == 0, load  # no node died
+    # only tasks around the dispatcher's outage fail: sent to it while it was down, on their way when it
+    # died (sojourns stay under 30 model s here), or refused by its successor before it heard every node
+    restart_at, restarted = actions[4]["model_time"], actions[5]["model_time"]
+    for t, outcome, _ in cluster["fault_timeline"]["failures"]:
+        assert outcome in ("failed", "refused") and restart_at - 30 <= t <= restarted + 2 * DETECT, (
+            t,
+            outcome,
+        )
+
+
+def test_outside_message_faults_the_run_agrees_with_the_simulator(messages_run: dict[str, Any]) -> None:
+    """Half the departure reports lost, then every one duplicated, then the dispatcher restarted with the
+    nodes holding its predecessor's tasks: once each has settled, JSQ routes as the simulator does, which
+    it could not with a picture that kept lost departures (those nodes would look busy for good) or
+    counted duplicated ones twice."""
+    excluded = messages_run["results"]["cluster"]["faults"]["batches_excluded"]
+    assert excluded == [3, 4, 5, 6, 7, 8, 9, 12, 13], excluded  # [85, 145], [165, 205], [265, 295]
+    against_sim = [v for v in messages_run["comparison"] if v["reference"] == "simulation" and v["counts"]]
+    assert against_sim
+    assert all(v["verdict"] == "agrees" for v in against_sim), [
+        (v["metric"], v["verdict"]) for v in against_sim if v["verdict"] != "agrees"
+    ]

@@ -6,9 +6,11 @@ Three scenarios, each a real cluster scraped every second by its own Prometheus 
   occupancy tails and the utility bound), driven at the spec's rate;
 - ``jiq``: JIQ on FCFS servers, driven at *half* the spec's arrival rate, so that the alert on a load
   generator that falls behind has something to see;
-- ``faults``: SLTA on four pools started with ``lbt cluster up --with-prometheus --max-tasks 2``, one
-  node host killed during the load: refusals, lost tasks, epochs that cannot be delivered, SLTA's
-  learning stalled for good, a target down.
+- ``faults``: SLTA on six pools in three node hosts (host 1 holds a pool of each class) started with
+  ``lbt cluster up --with-prometheus --max-tasks 2``, every answer to an epoch dropped, the dispatcher
+  restarted and node host 1 killed during the load: refusals, lost tasks, reports that cannot be
+  delivered to the dead dispatcher, nodes marked down, SLTA's learning stalled (every change of r tells
+  some live pool, whose answer is lost however often the epoch is resent), a target down.
 
 Every PromQL expression of the dashboards (template variables substituted), of the recording rules and of
 the alerting rules runs against all three at one instant during the load. Each must parse everywhere and
@@ -119,12 +121,12 @@ name = "faults"
 seed = 9
 [[classes]]
 name = "small"
-count = 2
+count = 3
 discipline = "pool"
 utility = { kind = "xlog", r = 3 }
 [[classes]]
 name = "large"
-count = 2
+count = 3
 discipline = "pool"
 utility = { kind = "xlog", r = 5 }
 [workload]
@@ -426,13 +428,13 @@ def faults(tmp_path_factory: pytest.TempPathFactory, live: Live) -> Iterator[Fau
     out = Faults(Scenario("faults", "", 0.0, {}, set()), cluster_path=cfile)
     try:
         out.up = lbt(
-            "cluster", "up", str(spec), "--file", str(cfile), "--node-procs", "2", "--max-tasks", "2",
+            "cluster", "up", str(spec), "--file", str(cfile), "--node-procs", "3", "--max-tasks", "2",
             "--with-prometheus",
         )  # fmt: skip
         assert out.up.returncode == 0, out.up.stderr
         f = out.file = ClusterFile.load(cfile)
         exp = f.experiment()
-        wait_for_series(f.prometheus_url, "sum(up) == 3", timeout=30)
+        wait_for_series(f.prometheus_url, "sum(up) == 4", timeout=30)
         out.status_healthy = lbt("cluster", "status", "--file", str(cfile))
         for host in f.node_hosts:
             switch_fault(host.url, f.token, 0, True)
@@ -941,13 +943,13 @@ def test_cli_up_with_prometheus_status_and_down(faults: Faults) -> None:
     assert faults.file.prometheus_url in line and f"pid {faults.file.prometheus_pid}" in line
     assert faults.status_healthy is not None and faults.status_healthy.returncode == 0
     rows = faults.status_healthy.stdout.strip().splitlines()
-    assert len(rows) == 4 and all("healthy" in r for r in rows), faults.status_healthy.stdout
+    assert len(rows) == 5 and all("healthy" in r for r in rows), faults.status_healthy.stdout
     assert faults.status_dead is not None and faults.status_dead.returncode == 1
     states = {r.split()[0] + r.split()[1]: r for r in faults.status_dead.stdout.strip().splitlines()}
     assert "DEAD" in states["nodes1"] and "healthy" in states["prometheus0"], faults.status_dead.stdout
     assert faults.down is not None
     assert faults.down.returncode == 0, faults.down.stderr
-    assert "stopped 3 process(es)" in faults.down.stdout  # dispatcher, node host 0, Prometheus
+    assert "stopped 4 process(es)" in faults.down.stdout  # dispatcher, node hosts 0 and 2, Prometheus
     pids = [e.pid for e in faults.file.dispatchers + faults.file.node_hosts] + [faults.file.prometheus_pid]
     wait_until(lambda: all(gone(p) for p in pids), 10, "every process, Prometheus included, to exit")
     assert not faults.cluster_path.exists()
