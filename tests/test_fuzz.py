@@ -108,6 +108,16 @@ name = "jiq"
 warmup = 0.0
 duration = 10.0
 time_scale = 1e-5
+[[faults]]  # fault 0 may be switched by the fuzzer (POST /v1/faults); fault 1 is no message fault
+kind = "drop"
+fraction = 0.5
+at = 0.0
+until = 10.0
+[[faults]]
+kind = "kill"
+node = 0
+at = 0.0
+until = 10.0
 """
 
 
@@ -280,12 +290,31 @@ def message_answer(batch: Any, accepted: tuple[str, ...], node_ok: Any) -> Answe
     return Answer(200)
 
 
+def fault_switch_answer(body: bytes, headers: Mapping[str, str], authorized: bool) -> Answer:
+    """``POST /v1/faults``: the token, a JSON object, ``fault`` an integer, ``active`` a boolean, and
+    ``fault`` the index of a message fault of the spec (LIVE_SPEC: only 0)."""
+    if not authorized:
+        return Answer(401)
+    value, answer = json_object(body, headers)
+    if value is None:
+        return answer or bad()
+    if not is_integer(value.get("fault")):
+        return bad("fault")
+    if not isinstance(value.get("active"), bool):
+        return bad("active")
+    return Answer(200) if value["fault"] == 0 else bad("fault")
+
+
 def documented_answer(
     live: Live, role: str, method: str, path: str, headers: Mapping[str, str], body: bytes
 ) -> Answer:
     """What the request gets, from docs/protocol.md (Conventions, Status codes, the endpoint sections)."""
     exp = live.exp
     authorized = headers.get("Authorization") == f"Bearer {live.token}"
+    if path == "/v1/faults":
+        return fault_switch_answer(body, headers, authorized)
+    if (role, path) == ("nodes", "/v1/state"):
+        return Answer(200) if authorized else Answer(401)
     if role == "dispatcher":
         if (method, path) in (("GET", "/v1/health"), ("GET", "/metrics")):
             return Answer(200)
@@ -417,6 +446,9 @@ OPERATIONS = [
     ("dispatcher", "POST", "/v1/messages"),
     ("dispatcher", "GET", "/v1/health"),
     ("dispatcher", "GET", "/metrics"),
+    ("dispatcher", "POST", "/v1/faults"),
+    ("nodes", "POST", "/v1/faults"),
+    ("nodes", "GET", "/v1/state"),
     ("nodes", "POST", "/v1/nodes/{node}/tasks"),
     ("nodes", "POST", "/v1/nodes/{node}/probe"),
     ("nodes", "POST", "/v1/nodes/{node}/messages"),
