@@ -33,11 +33,12 @@ from lbtestbed.policies import (
     make_dispatcher,
     make_node_sides,
 )
+from lbtestbed.policies.base import Liveness
 from lbtestbed.policies.jiq import JIQDispatcher
 from lbtestbed.policies.jlmu import JLMUDispatcher
 from lbtestbed.policies.jsq import CountingDispatcher, JSQDispatcher
 from lbtestbed.policies.slta import SLTADispatcher
-from lbtestbed.policies.structures import LevelIndex, Liveness
+from lbtestbed.policies.structures import LevelIndex
 from lbtestbed.spec import Experiment, parse_spec
 
 # upper 1e-6 quantiles of chi-square with df degrees of freedom (as in test_policies.py)

@@ -9,7 +9,7 @@ dispatcher and server node through HTTP, so both count the same messages.
 from __future__ import annotations
 
 import random
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any, ClassVar, NamedTuple
 
 from lbtestbed.spec import Experiment
@@ -58,6 +58,7 @@ class DispatcherSide:
         self.n = exp.n
         self.rng = rng
         self.index = index  # which dispatcher this is, when several run side by side
+        self.live = Liveness(range(self.n))  # which nodes are up (only faults take any down)
 
     def dispatch(self) -> Route | Probe:
         """Choose a node for a new task, or ask for probes first."""
@@ -88,15 +89,27 @@ class DispatcherSide:
     def on_node_down(self, node: int) -> None:
         """``node`` stopped answering: route nothing to it until ``on_node_up``. Tasks already routed
         there still end with ``on_task_done`` / ``on_task_failed``; no message of ``node`` arrives
-        while it is down."""
+        while it is down. Here: ``self.live`` marks it, which is all a policy that draws its nodes from
+        ``self.live`` needs."""
+        self.live.set_down(node)
 
     def on_node_up(self, node: int, report: tuple[int, ...], fresh: bool) -> tuple[Message, ...]:
         """``node`` answers again; ``report`` is its state now. ``fresh``: the node (or this dispatcher)
         started anew, so forget everything about it and start from the report (nothing of ours is in
         flight to it, and no end of an earlier task of ours will be reported). Otherwise it was paused or
         unreachable and kept its state: resume routing and correct what the report shows was missed.
-        Returns messages to send (an SLTA pool is told the current epoch)."""
+        Returns messages to send (an SLTA pool is told the current epoch). Here: ``self.live`` marks it."""
+        self.live.set_up(node)
         return NO_MESSAGES
+
+    def _without_down(self, probe: Probe, replies: Sequence[int]) -> tuple[Probe, Sequence[int]]:
+        """The probed nodes that are still up, with their replies (a node may go down while its probe is
+        out); ``probe`` and ``replies`` themselves when none went down."""
+        down = self.live.down
+        if not down or not any(k in down for k in probe.nodes):
+            return probe, replies
+        kept = [(k, x) for k, x in zip(probe.nodes, replies, strict=True) if k not in down]
+        return Probe(tuple(k for k, _ in kept)), [x for _, x in kept]
 
     def reconcile(self, node: int, report: tuple[int, ...]) -> tuple[Message, ...]:
         """A report at least one heartbeat interval old: every message ``node`` sent before it should
@@ -168,3 +181,52 @@ def sample_distinct(rng: random.Random, n: int, d: int) -> tuple[int, ...]:
 def sample_with_replacement(rng: random.Random, n: int, d: int) -> tuple[int, ...]:
     r = rng.random
     return tuple(int(r() * n) for _ in range(d))
+
+
+class Liveness:
+    """Which of some nodes are up, for the dispatcher sides' fault hooks (``base.DispatcherSide``).
+
+    ``up`` lists the members that are up in member order, so while every member is up a pick or a sample
+    over ``up`` draws exactly the random numbers a pick or sample over all members draws, and gives the
+    same nodes.
+    """
+
+    __slots__ = ("down", "members", "up")
+
+    def __init__(self, members: Iterable[int]) -> None:
+        self.members = list(members)
+        self.up = list(self.members)
+        self.down: set[int] = set()
+
+    def set_down(self, k: int) -> bool:
+        """Mark ``k`` down; False if it already was."""
+        if k in self.down:
+            return False
+        self.down.add(k)
+        self.up.remove(k)
+        return True
+
+    def set_up(self, k: int) -> bool:
+        """Mark ``k`` up; False if it already was."""
+        if k not in self.down:
+            return False
+        self.down.discard(k)
+        self.up = [m for m in self.members if m not in self.down]
+        return True
+
+    def pick(self, rng: random.Random) -> int:
+        """A uniformly random node that is up (one must be)."""
+        up = self.up
+        return up[int(rng.random() * len(up))]
+
+    def sample(
+        self,
+        rng: random.Random,
+        d: int,
+        sample: Callable[[random.Random, int, int], tuple[int, ...]] = sample_distinct,
+    ) -> tuple[int, ...]:
+        """``sample`` over the nodes that are up; a distinct sample takes at most as many as are up."""
+        up = self.up
+        if sample is sample_distinct and d > len(up):
+            d = len(up)
+        return tuple(up[j] for j in sample(rng, len(up), d))

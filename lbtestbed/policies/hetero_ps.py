@@ -13,8 +13,7 @@ import random
 from collections.abc import Sequence
 from fractions import Fraction
 
-from lbtestbed.policies.base import NO_MESSAGES, DispatcherSide, Message, Probe, Route, sample_distinct
-from lbtestbed.policies.structures import Liveness
+from lbtestbed.policies.base import DispatcherSide, Liveness, Message, Probe, Route, sample_distinct
 from lbtestbed.spec import Experiment
 
 
@@ -25,28 +24,26 @@ class _SchemeDispatcher(DispatcherSide):
         self.d = exp.policy.d
         self.members = [[k for k in range(self.n) if exp.node_class[k] == i] for i in range(len(exp.classes))]
         self.node_class = exp.node_class
-        self.live = [Liveness(m) for m in self.members]  # per class
-        self.down: set[int] = set()
+        self.by_class = [Liveness(m) for m in self.members]  # for the per-class samples
         fixed = [c.speed.value for c in exp.classes]
         self.speed = [fixed[exp.node_class[k]] or Fraction(exp.node_speeds[k]) for k in range(self.n)]
         self._probes = sum(self.d)
 
     def on_node_down(self, node: int) -> None:
-        if self.live[self.node_class[node]].set_down(node):
-            self.down.add(node)
+        super().on_node_down(node)
+        self.by_class[self.node_class[node]].set_down(node)
 
     def on_node_up(self, node: int, report: tuple[int, ...], fresh: bool) -> tuple[Message, ...]:
-        if self.live[self.node_class[node]].set_up(node):
-            self.down.discard(node)
-        return NO_MESSAGES
+        self.by_class[self.node_class[node]].set_up(node)
+        return super().on_node_up(node, report, fresh)
 
     def dispatch(self) -> Probe:
         nodes: list[int] = []
-        if not self.down:
+        if not self.live.down:
             for members, d in zip(self.members, self.d, strict=True):
                 nodes.extend(members[j] for j in sample_distinct(self.rng, len(members), d))
         else:  # d_j = min(d_j, pools of class j that are up); a class with none is skipped
-            for live, d in zip(self.live, self.d, strict=True):
+            for live, d in zip(self.by_class, self.d, strict=True):
                 if live.up:
                     nodes.extend(live.sample(self.rng, d))
         return Probe(tuple(nodes))
@@ -82,13 +79,10 @@ class _SchemeDispatcher(DispatcherSide):
         raise NotImplementedError
 
     def resolve(self, probe: Probe, replies: Sequence[int]) -> Route:
-        down = self.down
-        if down and any(k in down for k in probe.nodes):  # went down while the probes were out
-            alive = [(k, x) for k, x in zip(probe.nodes, replies, strict=True) if k not in down]
-            if not alive:
-                live = [lv for lv in self.live if lv.up]
-                return Route(live[int(self.rng.random() * len(live))].pick(self.rng), "busy")
-            probe, replies = Probe(tuple(k for k, _ in alive)), [x for _, x in alive]
+        probe, replies = self._without_down(probe, replies)
+        if not probe.nodes:  # every probed node went down while the probes were out: a class, a node
+            live = [lv for lv in self.by_class if lv.up]
+            return Route(live[int(self.rng.random() * len(live))].pick(self.rng), "busy")
         kept = self._kept(probe, replies)
         best = kept[0]
         for cand in kept[1:]:

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lbtestbed.policies.base import NO_MESSAGES, DispatcherSide, Message, NodeSide, Route
-from lbtestbed.policies.structures import Liveness, SpeedBuckets, TokenSet
+from lbtestbed.policies.structures import SpeedBuckets, TokenSet
 from lbtestbed.spec import Experiment
 
 
@@ -45,7 +45,6 @@ class JIQDispatcher(DispatcherSide):
         self.used = [0] * self.n  # per node: the number of its last token consumed or superseded
         self.stale_tokens = 0  # tokens dropped: duplicates, or overtaken by a later one of the same node
         self._taken: dict[int, int] = {}  # node -> the number of its token we used last
-        self.live = Liveness(range(self.n))
         # at start every node is idle; with several dispatchers each node announces itself to one of them
         for k in range(self.n):
             if dispatchers == 1 or k % dispatchers == index:
@@ -96,9 +95,7 @@ class JIQDispatcher(DispatcherSide):
     def dispatch(self) -> Route:
         if self.tokens:
             return Route(self._take(), "idle_token")
-        if not self.live.down:
-            return Route(int(self.rng.random() * self.n), "random")
-        return Route(self.live.pick(self.rng), "random")
+        return Route(self.live.pick(self.rng), "random")  # while all are up: int(random() * n), as ever
 
     def on_message(self, msg: Message) -> tuple[Message, ...]:
         if msg.kind != "idle_token":

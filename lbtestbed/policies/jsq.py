@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lbtestbed.policies.base import NO_MESSAGES, DispatcherSide, Message, NodeSide, Route
-from lbtestbed.policies.structures import LevelIndex, Liveness
+from lbtestbed.policies.structures import LevelIndex
 from lbtestbed.spec import Experiment
 
 
@@ -44,7 +44,6 @@ class CountingDispatcher(DispatcherSide):
         super().__init__(exp, rng, index)
         self.sent = [0] * self.n  # tasks routed to each node, less those that failed
         self.acked = [0] * self.n  # departures the node reported: the largest D seen
-        self.live = Liveness(range(self.n))
 
     def _levels(self, k: int) -> LevelIndex:
         """The index that holds node ``k``."""
@@ -73,22 +72,7 @@ class CountingDispatcher(DispatcherSide):
     def on_message(self, msg: Message) -> tuple[Message, ...]:
         if msg.kind != "departure":
             return super().on_message(msg)
-        data = msg.data
-        if len(data) != 2:
-            departure_counts(data)  # raises, naming the fault
-        a, d = data
-        if type(a) is not int or type(d) is not int or not 0 <= d <= a:
-            departure_counts(data)
-        # _apply and _sync inlined: the simulator's JSQ and JLMU spend much of their time here
-        k = msg.node
-        sent, acked = self.sent, self.acked
-        if a > sent[k]:
-            sent[k] = a
-        if d > acked[k]:
-            acked[k] = d
-        if k not in self.live.down:
-            lvl = sent[k] - acked[k]
-            self._levels(k).move(k, lvl if lvl > 0 else 0)
+        self._apply(msg.node, *departure_counts(msg.data))
         return NO_MESSAGES
 
     def on_task_failed(self, node: int) -> None:

@@ -7,7 +7,6 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from lbtestbed.policies.base import (
-    NO_MESSAGES,
     DispatcherSide,
     Message,
     Probe,
@@ -15,7 +14,6 @@ from lbtestbed.policies.base import (
     sample_distinct,
     sample_with_replacement,
 )
-from lbtestbed.policies.structures import Liveness
 from lbtestbed.spec import Experiment
 
 
@@ -34,20 +32,12 @@ class _Sampler(DispatcherSide):
         assert isinstance(exp.policy.d, int)
         self.d = exp.policy.d
         self._sample = sample_with_replacement if exp.policy.replace else sample_distinct
-        self.live = Liveness(range(self.n))
 
     def _sample_up(self) -> tuple[int, ...]:
         """d nodes that are up; while all are, exactly the draws and nodes of a sample over all n."""
         if not self.live.down:
             return self._sample(self.rng, self.n, self.d)
         return self.live.sample(self.rng, self.d, self._sample)
-
-    def on_node_down(self, node: int) -> None:
-        self.live.set_down(node)
-
-    def on_node_up(self, node: int, report: tuple[int, ...], fresh: bool) -> tuple[Message, ...]:
-        self.live.set_up(node)
-        return NO_MESSAGES
 
     def _first_min(self, nodes: Sequence[int], values: Sequence[int]) -> int:
         """The node with the least value; nodes come in random order, so ties are uniform."""
@@ -76,12 +66,9 @@ class PowerOfDDispatcher(_Sampler):
         return Probe(self._sample_up())
 
     def resolve(self, probe: Probe, replies: Sequence[int]) -> Route:
-        down = self.live.down
-        if down and any(k in down for k in probe.nodes):  # went down while the probes were out
-            kept = [(k, x) for k, x in zip(probe.nodes, replies, strict=True) if k not in down]
-            if not kept:
-                return Route(self.live.pick(self.rng), "probed")
-            probe, replies = Probe(tuple(k for k, _ in kept)), [x for _, x in kept]
+        probe, replies = self._without_down(probe, replies)
+        if not probe.nodes:  # every probed node went down while the probes were out
+            return Route(self.live.pick(self.rng), "probed")
         if self.tie_break == "random":
             return Route(self._first_min(probe.nodes, replies), "probed")
         low = min(replies)

@@ -62,7 +62,7 @@ from typing import Any
 from lbtestbed.policies.base import NO_MESSAGES, DispatcherSide, Message, NodeSide, Route
 from lbtestbed.policies.jlmu import ranking_of
 from lbtestbed.policies.ranking import Ranking
-from lbtestbed.policies.structures import Liveness, TokenSet
+from lbtestbed.policies.structures import TokenSet
 from lbtestbed.spec import Experiment
 
 Bits = tuple[bool, bool]
@@ -115,7 +115,6 @@ class SLTADispatcher(DispatcherSide):
         self.seen_seq = [0] * self.n
         self.stale_tokens = 0
         self.unsettled: set[int] = set()  # pools told of the current epoch that have not answered
-        self.live = Liveness(range(self.n))
         for k in range(self.n):  # the system starts empty with r = 1
             self._set(k, self.th.true_bits(self.node_class[k], 0, 1))
 
@@ -162,9 +161,7 @@ class SLTADispatcher(DispatcherSide):
             node, outcome = self.green[prev].pick(rng), "green_prev"
         elif yellow:
             node, outcome = self.yellow.pick(rng), "yellow"
-        elif not self.live.down:
-            node, outcome = int(rng.random() * self.n), "random"
-        else:
+        else:  # while all are up: int(random() * n), as ever
             node, outcome = self.live.pick(rng), "random"
         self.sent[node] += 1
         self.xhat[node] += 1

@@ -2,40 +2,19 @@
 
 from __future__ import annotations
 
-import random
-
-from lbtestbed.policies.base import NO_MESSAGES, DispatcherSide, Message, Route
-from lbtestbed.policies.structures import Liveness
-from lbtestbed.spec import Experiment
+from lbtestbed.policies.base import DispatcherSide, Route
 
 
-class _Stateless(DispatcherSide):
-    """Keeps only which nodes are up."""
-
-    def __init__(self, exp: Experiment, rng: random.Random, index: int = 0) -> None:
-        super().__init__(exp, rng, index)
-        self.live = Liveness(range(self.n))
-
-    def on_node_down(self, node: int) -> None:
-        self.live.set_down(node)
-
-    def on_node_up(self, node: int, report: tuple[int, ...], fresh: bool) -> tuple[Message, ...]:
-        self.live.set_up(node)
-        return NO_MESSAGES
-
-
-class RandomDispatcher(_Stateless):
+class RandomDispatcher(DispatcherSide):
     """Uniformly random node (that is up)."""
 
     name = "random"
 
     def dispatch(self) -> Route:
-        if not self.live.down:
-            return Route(int(self.rng.random() * self.n), "random")
-        return Route(self.live.pick(self.rng), "random")
+        return Route(self.live.pick(self.rng), "random")  # while all are up: int(random() * n), as ever
 
 
-class RoundRobinDispatcher(_Stateless):
+class RoundRobinDispatcher(DispatcherSide):
     """Nodes in turn, in id order, skipping those that are down; each dispatcher starts at a random node so
     that several do not align."""
 

@@ -5,9 +5,7 @@ from __future__ import annotations
 import heapq
 import random
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
-
-from lbtestbed.policies.base import sample_distinct
+from collections.abc import Iterable, Sequence
 
 
 class TokenSet:
@@ -231,52 +229,3 @@ class LevelIndex:
             if stamp[k] == s and level[k] == 0:
                 return k
             fifo.popleft()
-
-
-class Liveness:
-    """Which of some nodes are up, for the dispatcher sides' fault hooks (``base.DispatcherSide``).
-
-    ``up`` lists the members that are up in member order, so while every member is up a pick or a sample
-    over ``up`` draws exactly the random numbers a pick or sample over all members draws, and gives the
-    same nodes.
-    """
-
-    __slots__ = ("down", "members", "up")
-
-    def __init__(self, members: Iterable[int]) -> None:
-        self.members = list(members)
-        self.up = list(self.members)
-        self.down: set[int] = set()
-
-    def set_down(self, k: int) -> bool:
-        """Mark ``k`` down; False if it already was."""
-        if k in self.down:
-            return False
-        self.down.add(k)
-        self.up.remove(k)
-        return True
-
-    def set_up(self, k: int) -> bool:
-        """Mark ``k`` up; False if it already was."""
-        if k not in self.down:
-            return False
-        self.down.discard(k)
-        self.up = [m for m in self.members if m not in self.down]
-        return True
-
-    def pick(self, rng: random.Random) -> int:
-        """A uniformly random node that is up (one must be)."""
-        up = self.up
-        return up[int(rng.random() * len(up))]
-
-    def sample(
-        self,
-        rng: random.Random,
-        d: int,
-        sample: Callable[[random.Random, int, int], tuple[int, ...]] = sample_distinct,
-    ) -> tuple[int, ...]:
-        """``sample`` over the nodes that are up; a distinct sample takes at most as many as are up."""
-        up = self.up
-        if sample is sample_distinct and d > len(up):
-            d = len(up)
-        return tuple(up[j] for j in sample(rng, len(up), d))
