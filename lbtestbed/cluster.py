@@ -146,7 +146,8 @@ def spawn(path: Path, f: ClusterFile, e: Endpoint) -> subprocess.Popen[bytes]:
     return proc
 
 
-def _healthy(url: str) -> bool:
+def healthy(url: str) -> bool:
+    """The process at base URL ``url`` answers its health check with 200."""
     try:
         with urllib.request.urlopen(f"{url}{PREFIX}/health", timeout=1.0) as resp:
             return bool(resp.status == 200)
@@ -253,7 +254,7 @@ class Cluster:
                     raise ClusterError(
                         f"{e.role} {e.index} (pid {e.pid}) exited at start: " + " | ".join(tail)
                     )
-                if _healthy(e.url):
+                if healthy(e.url):
                     pending.remove(e)
             if time.monotonic() > deadline:
                 e = pending[0]
@@ -287,7 +288,7 @@ class Cluster:
                 "url": e.url,
                 "pid": e.pid,
                 "alive": _alive(e.pid),
-                "healthy": _healthy(e.url),
+                "healthy": healthy(e.url),
                 "nodes": len(e.nodes),
             }
             for e in f.dispatchers + f.node_hosts

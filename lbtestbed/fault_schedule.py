@@ -14,7 +14,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -191,7 +191,3 @@ def excluded_batches(exp: Experiment) -> list[bool]:
         lo, hi = w + b * L, w + (b + 1) * L
         out.append(any(f.at < hi and lo < f.until + f.settle for f in exp.faults))
     return out
-
-
-def fault_windows(exp: Experiment) -> Sequence[tuple[float, float]]:
-    return [(f.at, f.until) for f in exp.faults]

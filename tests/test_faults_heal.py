@@ -33,7 +33,6 @@ import json
 import os
 import signal
 import time
-import urllib.error
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -52,7 +51,7 @@ from test_cluster import (
     write_spec,
 )
 
-from lbtestbed.cluster import Cluster, ClusterFile, spawn
+from lbtestbed.cluster import Cluster, ClusterFile, healthy, spawn
 from lbtestbed.loadgen.openloop import LoadReport, drive, poisson_tasks
 from lbtestbed.wire import PREFIX
 
@@ -106,14 +105,6 @@ async def load(
 
     report, _ = await asyncio.gather(drive([url], tasks, SCALE, start=start), act())
     return report, start
-
-
-def answers_200(url: str) -> bool:
-    """``url`` answers 200 (not: refuses the connection, or answers another status)."""
-    try:
-        return get(url, timeout=1.0)[0] == 200
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 def outcomes(report: LoadReport) -> dict[str, int]:
@@ -390,7 +381,7 @@ def test_restarted_dispatcher_rebuilds_its_picture(tmp_path: Path, policy: str, 
             marks["spawn"] = time.monotonic()
             new_procs.append(spawn(cluster.path, f, old))  # same endpoint, same port; sets old.pid
             f.save(cluster.path)
-            wait_until(lambda: answers_200(f"{dispatcher}{PREFIX}/health"), READY, "the new dispatcher ready")
+            wait_until(lambda: healthy(dispatcher), READY, "the new dispatcher ready")
             marks["ready"] = time.monotonic()
             busy_at_ready.append(scrape(hosts).total("lbtestbed_node_tasks"))
 

@@ -47,7 +47,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from test_cluster import gone, lbt, wait_until, write_spec
 
-from lbtestbed.cluster import Cluster, ClusterFile, spawn
+from lbtestbed.cluster import Cluster, ClusterFile, healthy, spawn
 from lbtestbed.loadgen.openloop import LoadReport, drive, poisson_tasks
 from lbtestbed.prometheus import (
     PrometheusError,
@@ -404,15 +404,7 @@ def restart_dispatcher(f: ClusterFile, cfile: Path) -> None:
     time.sleep(0.3)  # some departures go to the dead dispatcher and fail
     spawn(cfile, f, d)
     f.save(cfile)
-
-    def healthy() -> bool:
-        try:
-            with urllib.request.urlopen(f"{d.url}/v1/health", timeout=1) as resp:
-                return bool(resp.status == 200)
-        except OSError:
-            return False
-
-    wait_until(healthy, 20.0, "the restarted dispatcher to answer")
+    wait_until(lambda: healthy(d.url), 20.0, "the restarted dispatcher to answer")
 
 
 @pytest.fixture(scope="module")
