@@ -180,14 +180,3 @@ def _kill(pid: int, sig: int) -> str:
     except PermissionError as e:
         return f"process {pid}: {e}"
     return ""
-
-
-def excluded_batches(exp: Experiment) -> list[bool]:
-    """Which batches of the measured window a fault may have disturbed: those overlapping
-    [at, until + settle] of some fault."""
-    B, w, L = exp.run.batches, exp.run.warmup, exp.run.duration / exp.run.batches
-    out = []
-    for b in range(B):
-        lo, hi = w + b * L, w + (b + 1) * L
-        out.append(any(f.at < hi and lo < f.until + f.settle for f in exp.faults))
-    return out

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -95,6 +96,15 @@ def boundaries(exp: Experiment) -> list[float]:
     """Model times of the snapshots: the batch boundaries of the measured window."""
     B = exp.run.batches
     return [exp.run.warmup + exp.run.duration * b / B for b in range(B + 1)]
+
+
+def excluded_batches(exp: Experiment) -> list[bool]:
+    """Which batches of the measured window a fault may have disturbed: those overlapping
+    [at, until + settle] of some fault."""
+    marks = boundaries(exp)
+    return [
+        any(f.at < hi and lo < f.until + f.settle for f in exp.faults) for lo, hi in itertools.pairwise(marks)
+    ]
 
 
 async def _sample_r(session: aiohttp.ClientSession, url: str, origin: float, scale: float, out: list) -> None:
@@ -265,13 +275,13 @@ def cluster_for(
 
 
 def _check_faults(exp: Experiment, f: ClusterFile, local: bool) -> None:
-    from lbtestbed.fault_schedule import check, excluded_batches
+    from lbtestbed.fault_schedule import check
 
     check(exp, f, local)
     if exp.faults and sum(not x for x in excluded_batches(exp)) < 2:
         raise ClusterError(
-            "the faults (with a warm-up after each) disturb all but fewer than two batches of the measured "
-            "window: nothing would be left to compare; lengthen run.duration or move the faults"
+            "the faults (with the settle time after each) disturb all but fewer than two batches of the "
+            "measured window: nothing would be left to compare; lengthen run.duration or move the faults"
         )
 
 
@@ -333,8 +343,6 @@ def clock_shift(a: Snapshot, b: Snapshot) -> float | None:
 
 def batches_kept(exp: Experiment, snaps: Sequence[Snapshot]) -> list[bool]:
     """The batches to compare: not disturbed by a fault, and every process answered at both ends."""
-    from lbtestbed.fault_schedule import excluded_batches
-
     excluded = excluded_batches(exp) if exp.faults else [False] * (len(snaps) - 1)
     return [not (excluded[b] or snaps[b].missing or snaps[b + 1].missing) for b in range(len(snaps) - 1)]
 
