@@ -11,10 +11,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	touch $(STAMP)
 
+# ruff, mypy, and the import layers of pyproject.toml's [tool.importlinter] (lint-imports)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy lbtestbed
+	$(BIN)/lint-imports
 
 test: lint prometheus
 	$(BIN)/pytest -q
@@ -41,7 +43,7 @@ bench: $(STAMP)
 
 # Opt-in: the simulator's hot modules compiled with mypyc into build/ (used with LBT_SIMULATOR=compiled).
 compiled: $(STAMP)
-	$(BIN)/python -m lbtestbed.analysis.compiled build
+	$(BIN)/python -m lbtestbed.analysis.simulator.compiled build
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

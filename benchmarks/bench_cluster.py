@@ -31,7 +31,8 @@ import aiohttp
 import numpy as np
 import uvloop
 
-from lbtestbed.cluster import Cluster, free_ports
+from lbtestbed.cluster.launcher import Cluster
+from lbtestbed.cluster.processes import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICIES = ("random", "least_request", "jiq", "jlmu", "slta", "power_of_d")

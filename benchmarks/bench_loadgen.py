@@ -1,7 +1,8 @@
 """The highest rate one load-generator process holds: lbt load and locust, against a sink and a cluster.
 
 Targets: the sink (benchmarks/sink.py, which completes every task at once, so the generator alone is
-measured) and a random-policy cluster of 8 pools in 2 node processes (lbtestbed.cluster.Cluster; tasks last
+measured) and a random-policy cluster of 8 pools in 2 node processes (lbtestbed.cluster.launcher.Cluster;
+tasks last
 10 ms of wall time on average, so the cluster shares the machine's 2 cores with the generator). Generators:
 ``lbt load`` (the built-in open loop) and ``lbt load --locust`` (the locustfile's open loop). Every trial is
 a real ``lbt load`` process sending the spec's Poisson tasks for --seconds at one rate. A rate is *held*
@@ -38,7 +39,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from lbtestbed.cluster import Cluster, free_ports
+from lbtestbed.cluster.launcher import Cluster
+from lbtestbed.cluster.processes import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 P99_LIMIT_MS = 2.0

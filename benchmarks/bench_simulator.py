@@ -46,9 +46,9 @@ from typing import Any
 
 import simpy
 
-from lbtestbed.analysis import compiled
-from lbtestbed.analysis.simulator import Simulator
-from lbtestbed.spec import Experiment, parse_spec
+from lbtestbed.analysis.simulator import compiled
+from lbtestbed.analysis.simulator.engine import Simulator
+from lbtestbed.model.spec import Experiment, parse_spec
 
 TARGET_RATIO = 3.0  # the project's goal: lbtestbed at least 3x SimPy's events per second
 #: --instructions: the warm-up and the two measured lengths whose difference gives the cost of an event
@@ -654,7 +654,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--compiled",
         action="store_true",
-        help="also time the mypyc build of the simulator (python -m lbtestbed.analysis.compiled build)",
+        help="also time the mypyc build of the simulator "
+        "(python -m lbtestbed.analysis.simulator.compiled build)",
     )
     p.add_argument(
         "--instructions",

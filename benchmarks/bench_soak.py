@@ -44,11 +44,12 @@ import aiohttp
 import numpy as np
 import uvloop
 
-from lbtestbed.analysis.scrape import ScrapeError, Snapshot, scrape
-from lbtestbed.cluster import Cluster, ClusterError, ClusterFile
+from lbtestbed.analysis.measurement.scrape import ScrapeError, Snapshot, scrape
+from lbtestbed.cluster.launcher import Cluster
 from lbtestbed.loadgen.openloop import LoadReport, drive
-from lbtestbed.spec import Experiment, SpecError, load_spec
-from lbtestbed.workload import PoissonWorkload
+from lbtestbed.model.spec import Experiment, SpecError, load_spec
+from lbtestbed.model.workload import PoissonWorkload
+from lbtestbed.transport.cluster_file import ClusterError, ClusterFile
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 LEAD_IN = 0.5  # wall seconds between the first sample of the idle cluster and model time 0

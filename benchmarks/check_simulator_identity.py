@@ -12,8 +12,8 @@ package:
 * **candidate**: the working tree's ``lbtestbed`` as it is.
 
 With ``--compiled`` the reference is the working tree's pure-Python simulator and the candidate the same
-tree on the mypyc build (``LBT_SIMULATOR=compiled``, ``lbtestbed/analysis/compiled.py``; a build that is
-missing or stale is an error here, not a fallback).
+tree on the mypyc build (``LBT_SIMULATOR=compiled``, ``lbtestbed/analysis/simulator/compiled.py``; a
+build that is missing or stale is an error here, not a fallback).
 
 It compares a digest of each RawRun and the JSON result object without ``wall_seconds``, and prints the
 first difference it finds for a case that differs. Exit status 0 when every case is identical, 1 otherwise.
@@ -21,6 +21,7 @@ first difference it finds for a case that differs. Exit status 0 when every case
     .venv/bin/python benchmarks/check_simulator_identity.py                  # against HEAD, about a minute
     .venv/bin/python benchmarks/check_simulator_identity.py --ref HEAD~3 --only jsq2
     .venv/bin/python benchmarks/check_simulator_identity.py --compiled  # after the mypyc build
+    .venv/bin/python benchmarks/check_simulator_identity.py --ref 3e58d53 --whole  # the layout before the move
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: the files whose old versions make the reference (the simulator and what its hot path calls)
 SIMULATOR_FILES = (
-    "lbtestbed/analysis/simulator.py",
+    "lbtestbed/analysis/simulator/engine.py",
     # every policy module (base.py only declares the interface): both halves run in the simulator
     "lbtestbed/policies/sampling.py",
     "lbtestbed/policies/jsq.py",
@@ -50,8 +51,8 @@ SIMULATOR_FILES = (
     "lbtestbed/policies/structures.py",
     "lbtestbed/policies/ranking.py",
     "lbtestbed/server_node/models.py",
-    "lbtestbed/workload.py",
-    "lbtestbed/distributions.py",
+    "lbtestbed/model/workload.py",
+    "lbtestbed/model/distributions.py",
 )
 
 SHORT = ["run.warmup=20.0", "run.duration=150.0"]
@@ -118,10 +119,14 @@ import hashlib, io, json, os, sys, contextlib
 import numpy as np
 simulator = "python"
 if os.environ.get("LBT_SIMULATOR") == "compiled":
-    from lbtestbed.analysis import compiled
+    from lbtestbed.analysis.simulator import compiled
     simulator = compiled.load().__file__  # a missing or stale build fails the case here
-from lbtestbed.spec import load_spec
-from lbtestbed.analysis.simulator import simulate_once
+try:
+    from lbtestbed.model.spec import load_spec
+    from lbtestbed.analysis.simulator import simulate_once
+except ImportError:  # a --whole reference from before the package layout of issue 13 (commit 3e58d53)
+    from lbtestbed.spec import load_spec
+    from lbtestbed.analysis.simulator import simulate_once
 from lbtestbed.cli import main
 
 spec, overrides = sys.argv[1], sys.argv[2:]
@@ -159,8 +164,18 @@ print(json.dumps({"package": lbtestbed.__file__, "simulator": simulator, "digest
 """
 
 
-def make_tree(dest: Path, ref: str | None) -> Path:
-    """A private copy of the package; with ``ref``, the simulator's files as they were at that revision."""
+def make_tree(dest: Path, ref: str | None, whole: bool = False) -> Path:
+    """A private copy of the package; with ``ref``, the simulator's files as they were at that revision
+    (``whole``: the whole package as it was, for a reference from before files moved)."""
+    if whole and ref is not None:
+        dest.mkdir(parents=True)
+        archive = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", ref, "lbtestbed"], capture_output=True, check=False
+        )
+        if archive.returncode != 0:
+            sys.exit(f"check_simulator_identity: cannot read lbtestbed at {ref}: {archive.stderr.decode()}")
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+        return dest
     shutil.copytree(ROOT / "lbtestbed", dest / "lbtestbed", ignore=shutil.ignore_patterns("__pycache__"))
     if ref is not None:
         for rel in SIMULATOR_FILES:
@@ -225,6 +240,12 @@ def first_difference(a: object, b: object, path: str = "") -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--ref", default="HEAD", help="git revision of the reference simulator files (HEAD)")
+    p.add_argument(
+        "--whole",
+        action="store_true",
+        help="take the whole package from --ref, not only the simulator's files (a reference from before "
+        "modules moved; other changes in the package then count too)",
+    )
     p.add_argument("--only", default="", help="run only the cases whose name contains this text")
     p.add_argument(
         "--compiled",
@@ -237,7 +258,7 @@ def main() -> int:
         p.error(f"--only {args.only!r} matches no case; cases: {', '.join(CASES)}")
     failed = 0
     with tempfile.TemporaryDirectory(prefix="lbt-identity-") as tmp:
-        ref_tree = make_tree(Path(tmp) / "reference", None if args.compiled else args.ref)
+        ref_tree = make_tree(Path(tmp) / "reference", None if args.compiled else args.ref, args.whole)
         new_tree = make_tree(Path(tmp) / "candidate", None)
         for name, (spec, overrides) in cases.items():
             ref = run_case(ref_tree, spec, overrides)

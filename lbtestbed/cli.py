@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any
 
-from lbtestbed.spec import SpecError, load_spec
+from lbtestbed.model.spec import SpecError, load_spec
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -31,9 +31,9 @@ def _progress(label: str) -> Any:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from lbtestbed.analysis.result import summarize
+    from lbtestbed.analysis.results.result import summarize
+    from lbtestbed.analysis.results.tables import render
     from lbtestbed.analysis.simulator import simulate_once
-    from lbtestbed.analysis.tables import render
 
     exp = load_spec(args.spec, args.set)
     k = args.replications
@@ -58,7 +58,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from lbtestbed.analysis.tables import render, render_notes, render_transient
+    from lbtestbed.analysis.results.tables import render, render_notes, render_transient
     from lbtestbed.analysis.theory import predict, transient_table
 
     exp = load_spec(args.spec, args.set)
@@ -88,7 +88,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 def _prometheus_problem(args: argparse.Namespace) -> tuple[int, str] | None:
     """Why ``--with-prometheus`` cannot work (exit code, message), checked before any process starts."""
-    from lbtestbed.prometheus import MAX_INTERVAL, MIN_INTERVAL, PrometheusError, prometheus_binary
+    from lbtestbed.cluster.prometheus import MAX_INTERVAL, MIN_INTERVAL, PrometheusError, prometheus_binary
 
     if not MIN_INTERVAL <= args.scrape_interval <= MAX_INTERVAL:
         limits = f"between {MIN_INTERVAL:g} and {MAX_INTERVAL:g} s"
@@ -105,7 +105,8 @@ def _prometheus_problem(args: argparse.Namespace) -> tuple[int, str] | None:
 def cmd_cluster(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from lbtestbed.cluster import Cluster, ClusterError
+    from lbtestbed.cluster.launcher import Cluster
+    from lbtestbed.transport.cluster_file import ClusterError
 
     cluster = Cluster(Path(args.file))
     try:
@@ -183,9 +184,9 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 def cmd_load(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from lbtestbed.cluster import ClusterError, ClusterFile
     from lbtestbed.loadgen.openloop import run_load, write_trace
     from lbtestbed.loadgen.plan import build_plan
+    from lbtestbed.transport.cluster_file import ClusterError, ClusterFile
 
     urls = list(args.dispatcher)
     if not urls:
@@ -282,9 +283,9 @@ def _stages(quiet: bool) -> Any:
 
 def _run_errors() -> tuple[type[Exception], ...]:
     """What makes a cluster run fail without a bug: a process, a scrape or Prometheus (exit 1, one line)."""
-    from lbtestbed.analysis.scrape import ScrapeError
-    from lbtestbed.cluster import ClusterError
-    from lbtestbed.prometheus import PrometheusError
+    from lbtestbed.analysis.measurement.scrape import ScrapeError
+    from lbtestbed.cluster.prometheus import PrometheusError
+    from lbtestbed.transport.cluster_file import ClusterError
 
     return (ClusterError, ScrapeError, PrometheusError)
 
@@ -292,8 +293,8 @@ def _run_errors() -> tuple[type[Exception], ...]:
 def cmd_run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from lbtestbed.analysis.report import terminal
-    from lbtestbed.runner import run_experiment
+    from lbtestbed.analysis.report.run_report import terminal
+    from lbtestbed.experiment.runner import run_experiment
 
     exp = load_spec(args.spec, args.set)  # a bad spec fails before anything starts
     directory = (
@@ -330,8 +331,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from lbtestbed.analysis.report import table
-    from lbtestbed.sweep import rows, sweep, write
+    from lbtestbed.analysis.report.run_report import table
+    from lbtestbed.experiment.sweep import rows, sweep, write
 
     exp = load_spec(args.spec)  # the file itself first; every point is checked before the first runs
     directory = (

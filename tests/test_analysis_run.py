@@ -34,23 +34,25 @@ import pytest
 from prometheus_client import generate_latest
 
 import lbtestbed.dispatcher.host as dispatcher_module
-from lbtestbed import runner
-from lbtestbed.analysis import plots, report
-from lbtestbed.analysis.compare import Verdict, compare, compare_scalar, compare_tail, run_agrees
-from lbtestbed.analysis.measure import cluster_raw
-from lbtestbed.analysis.result import Result, summarize
-from lbtestbed.analysis.scrape import Snapshot, from_query, parse
-from lbtestbed.analysis.simulator import RawRun
+from lbtestbed.analysis.comparison.compare import Verdict, compare, compare_scalar, compare_tail, run_agrees
+from lbtestbed.analysis.measurement.measure import cluster_raw
+from lbtestbed.analysis.measurement.scrape import Snapshot, from_query, parse
+from lbtestbed.analysis.report import plots
+from lbtestbed.analysis.report import run_report as report
+from lbtestbed.analysis.results.raw import RawRun
+from lbtestbed.analysis.results.result import Result, summarize
 from lbtestbed.cli import main
-from lbtestbed.cluster import ClusterError, ClusterFile, Endpoint, free_ports
+from lbtestbed.cluster.processes import free_ports
 from lbtestbed.dispatcher.host import DispatcherHost
+from lbtestbed.experiment import runner
+from lbtestbed.experiment.sweep import grid, split_values, varying
 from lbtestbed.loadgen.openloop import TaskRecord
+from lbtestbed.model.spec import Experiment, SpecError, load_spec, parse_spec
+from lbtestbed.model.workload import Task
 from lbtestbed.server_node.host import NodeHost
 from lbtestbed.server_node.metrics import registry_for
 from lbtestbed.server_node.models import NodeModel, make_node
-from lbtestbed.spec import Experiment, SpecError, load_spec, parse_spec
-from lbtestbed.sweep import grid, split_values, varying
-from lbtestbed.workload import Task
+from lbtestbed.transport.cluster_file import ClusterError, ClusterFile, Endpoint
 
 REL = 1e-12
 Z95 = NormalDist().inv_cdf(0.975)  # the standard normal quantile, not the module's constant
@@ -326,7 +328,7 @@ def test_snapshot_sums_over_processes() -> None:
 
 
 def prometheus_rows(snap: Snapshot, policy: str) -> list[tuple[dict[str, str], float]]:
-    """The rows an instant query returns for these pages under lbtestbed/prometheus.py's scrape
+    """The rows an instant query returns for these pages under lbtestbed/cluster/prometheus.py's scrape
     configuration: target labels role, index, cluster, policy (honor_labels: the sample's own label wins),
     job and instance."""
     rows = []

@@ -41,12 +41,14 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from lbtestbed.analysis.result import summarize
-from lbtestbed.analysis.simulator import Simulator, simulate_once
-from lbtestbed.cluster import Cluster, ClusterFile
+from lbtestbed.analysis.results.result import summarize
+from lbtestbed.analysis.simulator import simulate_once
+from lbtestbed.analysis.simulator.engine import Simulator
+from lbtestbed.cluster.launcher import Cluster
 from lbtestbed.loadgen.openloop import LoadReport, drive, poisson_tasks
+from lbtestbed.model.spec import Experiment, load_spec
 from lbtestbed.policies import MESSAGE_KINDS
-from lbtestbed.spec import Experiment, load_spec
+from lbtestbed.transport.cluster_file import ClusterFile
 
 ROOT = Path(__file__).resolve().parents[1]
 NODE_PROCESSES = 2
@@ -1413,7 +1415,7 @@ def test_cli_up_with_a_bad_override_exits_2(tmp_path: Path) -> None:
 
 
 BUG_ZOMBIE = (
-    "BUG: cluster.py _alive() counts a zombie (a process that has exited but whose parent has not reaped "
+    "BUG: cluster.py alive() counts a zombie (a process that has exited but whose parent has not reaped "
     "it) as alive, because os.kill(pid, 0) succeeds on zombies; a cluster process that died under a parent "
     "that does not reap (a container's PID 1 without an init) shows as 'running, not answering' instead of "
     "DEAD, `lbt cluster down` waits its whole grace period for it, and `lbt cluster up` says a cluster is "

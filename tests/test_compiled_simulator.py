@@ -1,4 +1,4 @@
-"""The opt-in mypyc build of the simulator (``lbtestbed/analysis/compiled.py``).
+"""The opt-in mypyc build of the simulator (``lbtestbed/analysis/simulator/compiled.py``).
 
 What must hold: nothing compiled is used unless ``LBT_SIMULATOR=compiled`` asks for it; a build whose
 sources have changed since is refused (and ``simulate_once`` then warns once and runs the pure-Python
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from lbtestbed.analysis import compiled
-from lbtestbed.analysis.simulator import Simulator, simulate_once
-from lbtestbed.spec import SpecError, parse_spec
+from lbtestbed.analysis.simulator import compiled, simulate_once
+from lbtestbed.analysis.simulator.engine import Simulator
+from lbtestbed.model.spec import SpecError, parse_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -183,7 +183,7 @@ def test_fresh_build_gives_the_same_runs_and_goes_stale_with_its_sources(tmp_pat
         for key, (num, den) in slow.ratios.items():
             assert fast.ratios[key][0].tobytes() == num.tobytes(), (policy, key)
             assert fast.ratios[key][1].tobytes() == den.tobytes(), (policy, key)
-    workload = package / "workload.py"
+    workload = package / "model" / "workload.py"
     workload.write_text(workload.read_text() + "\n# changed\n")
-    with pytest.raises(compiled.Unavailable, match=r"stale: lbtestbed/workload\.py changed"):
+    with pytest.raises(compiled.Unavailable, match=r"stale: lbtestbed/model/workload\.py changed"):
         compiled.load(root, package)

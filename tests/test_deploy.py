@@ -55,11 +55,11 @@ import pytest
 import yaml
 from packaging.specifiers import SpecifierSet
 
-from lbtestbed import prometheus as lbt_prometheus
-from lbtestbed import wire
 from lbtestbed.cli import build_parser
-from lbtestbed.cluster import ClusterFile, Endpoint
-from lbtestbed.spec import Experiment, load_spec
+from lbtestbed.cluster import prometheus as lbt_prometheus
+from lbtestbed.model.spec import Experiment, load_spec
+from lbtestbed.transport import wire
+from lbtestbed.transport.cluster_file import ClusterFile, Endpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -657,7 +657,7 @@ def mounted_cluster_file() -> str:
 
 
 def test_the_process_commands_parse() -> None:
-    from lbtestbed.service import process_parser  # type: ignore[attr-defined]
+    from lbtestbed.transport.process import process_parser  # type: ignore[attr-defined]
 
     data = cluster_json()
     for name, argv in process_argvs().items():
@@ -829,7 +829,8 @@ def seconds(duration: str) -> float:
 
 
 def test_both_prometheus_configs_scrape_as_often_as_the_rules_need() -> None:
-    """The rules of deploy/prometheus average over short windows: lbtestbed.prometheus bounds the interval."""
+    """The rules of deploy/prometheus average over short windows: lbtestbed.cluster.prometheus bounds the
+    interval."""
     for config in (compose_prometheus_config(), yaml.safe_load((K8S / "prometheus.yml").read_text())):
         interval = seconds(config["global"]["scrape_interval"])
         assert lbt_prometheus.MIN_INTERVAL <= interval <= lbt_prometheus.MAX_INTERVAL
@@ -996,7 +997,7 @@ def test_the_rule_files_land_where_prometheus_reads_rules(tmp_path: Path) -> Non
     files = [DEPLOY / source for source in mounted.values()]
     out = io.StringIO()
     words = shlex.split(script.rsplit(">", 1)[0])
-    assert words[:4] == ["python", "-m", "lbtestbed.prometheus", "constants"]
+    assert words[:4] == ["python", "-m", "lbtestbed.cluster.prometheus", "constants"]
     assert [words[i + 1] for i, w in enumerate(words) if w == "--set"] == cluster_json()["overrides"]
     args = [str(SPEC_TOML) if w == cluster_json()["spec"] else w for w in words[4:]]
     with redirect_stdout(out):

@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from lbtestbed.faults import MessageFaults
-from lbtestbed.spec import SpecError, load_spec, parse_spec
+from lbtestbed.model.spec import SpecError, load_spec, parse_spec
+from lbtestbed.transport.message_faults import MessageFaults
 
 SPEC = """
 name = "faults-e2e"

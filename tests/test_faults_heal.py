@@ -51,9 +51,10 @@ from test_cluster import (
     write_spec,
 )
 
-from lbtestbed.cluster import Cluster, ClusterFile, healthy, spawn
+from lbtestbed.cluster.launcher import Cluster, healthy, spawn
 from lbtestbed.loadgen.openloop import LoadReport, drive, poisson_tasks
-from lbtestbed.wire import PREFIX
+from lbtestbed.transport.cluster_file import ClusterFile
+from lbtestbed.transport.wire import PREFIX
 
 NODE_PROCESSES = 2
 SCALE = 0.04  # wall seconds per model second (fcfs_spec and pool_spec use it)

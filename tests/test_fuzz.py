@@ -71,14 +71,15 @@ from schemathesis.specs.openapi.checks import (
 from test_cluster import bearer, cluster_urls, get, post, scrape, write_spec
 from test_protocol_docs import FCFS_SPEC, NOWHERE, fcfs_experiment, serve, slta_experiment
 
-from lbtestbed import wire
 from lbtestbed.cli import main as lbt_main
-from lbtestbed.cluster import Cluster, ClusterFile
+from lbtestbed.cluster.launcher import Cluster
+from lbtestbed.dispatcher.app import build_app as build_dispatcher_app
 from lbtestbed.dispatcher.host import DispatcherHost
-from lbtestbed.dispatcher.host import build_app as build_dispatcher_app
+from lbtestbed.model.spec import Experiment, SpecError, load_spec, parse_spec
+from lbtestbed.server_node.app import build_app as build_node_app
 from lbtestbed.server_node.host import NodeHost
-from lbtestbed.server_node.host import build_app as build_node_app
-from lbtestbed.spec import Experiment, SpecError, load_spec, parse_spec
+from lbtestbed.transport import wire
+from lbtestbed.transport.cluster_file import ClusterFile
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = schemathesis.openapi.from_path(ROOT / "docs" / "openapi.yaml")
@@ -1001,7 +1002,7 @@ async def post_status(
 
 
 BUG_DEEP_JSON = (
-    "was: lbtestbed/wire.py read_json catches ValueError and UnicodeDecodeError but not RecursionError: a "
+    "was: transport/wire.py read_json catches ValueError and UnicodeDecodeError but not RecursionError: a "
     "body of deeply nested arrays (64 KiB of '[') makes json.loads raise RecursionError: aiohttp answers 500"
 )
 
@@ -1017,7 +1018,7 @@ async def test_deeply_nested_json_gets_400() -> None:
 
 
 BUG_HUGE_INTEGER = (
-    "was: lbtestbed/wire.py number() calls math.isfinite on a JSON integer, which raises OverflowError for "
+    "was: transport/wire.py number() calls math.isfinite on a JSON integer, which raises OverflowError for "
     "one beyond float range (1 followed by 400 zeros): {'work': 10**400} gets 500 instead of 400 work at the "
     "dispatcher (above the work limit) and 500 instead of a task (or 400) at a node"
 )
@@ -1039,7 +1040,7 @@ async def test_an_integer_beyond_float_range_is_read() -> None:
 
 
 BUG_UNKNOWN_CHARSET = (
-    "was: lbtestbed/wire.py read_json: aiohttp decodes the body with the Content-Type's charset, and an "
+    "was: transport/wire.py read_json: aiohttp decodes the body with the Content-Type's charset, and an "
     "unknown one (charset=nonexistent) raises LookupError, which is not caught: 500 instead of 400"
 )
 
@@ -1052,7 +1053,7 @@ async def test_an_unknown_charset_gets_400() -> None:
 
 
 BUG_CONTENT_ENCODING = (
-    "was: lbtestbed/wire.py read_json: a body sent with Content-Encoding: gzip (or deflate) that does not "
+    "was: transport/wire.py read_json: a body sent with Content-Encoding: gzip (or deflate) that does not "
     "inflate makes aiohttp raise RequestPayloadError (ContentEncodingError), which was not caught: 500 "
     "instead of 400"
 )
@@ -1133,14 +1134,14 @@ async def test_an_slta_epoch_with_an_unusable_r_is_refused_and_the_pool_serves_o
 
 
 BUG_CLIENT_GONE = (
-    "was: lbtestbed/wire.py read_json does not catch the ConnectionResetError that aiohttp raises when a "
+    "was: transport/wire.py read_json does not catch the ConnectionResetError that aiohttp raises when a "
     "client closes its connection half-way through a body: every such client makes the process log "
     "'Error handling request' at ERROR with a traceback (nothing else happens: the reply has nowhere to go)"
 )
 
 
 async def test_a_client_that_leaves_mid_body_logs_no_error(caplog: pytest.LogCaptureFixture) -> None:
-    # served as lbtestbed/service.py serves it (aiohttp's TestServer does not show this)
+    # served as lbtestbed/transport/process.py serves it (aiohttp's TestServer does not show this)
     exp = fcfs_experiment()
     app = build_dispatcher_app(
         DispatcherHost(exp, 0, 1, [f"{NOWHERE}/v1/nodes/{k}" for k in range(exp.n)], "T")
@@ -1256,7 +1257,7 @@ def test_a_bad_override_is_refused_naming_its_key(
 
 
 BUG_ABSURD_COUNT = (
-    "was: lbtestbed/spec.py accepts any classes[].count >= 1 and draws every node's speed while validating "
+    "was: model/spec.py accepts any classes[].count >= 1 and draws every node's speed while validating "
     "(_check_stability -> Experiment.node_speeds): count = 10**15 raises MemoryError from load_spec, and "
     "`lbt predict` says 'internal error: MemoryError' with exit 1 instead of a spec error with exit 2"
 )
@@ -1275,7 +1276,7 @@ def test_an_absurd_node_count_is_a_spec_error(spec_file: Path) -> None:
 
 
 BUG_KEY_WITH_NEWLINE = (
-    "was: lbtestbed/spec.py writes an unknown key's name into the error as it is: a quoted TOML key with a "
+    "was: model/spec.py writes an unknown key's name into the error as it is: a quoted TOML key with a "
     'line break ("a\\nb" = 1) gives a SpecError, and an `lbt` error, of two lines'
 )
 

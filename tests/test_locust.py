@@ -21,7 +21,7 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from lbtestbed.cluster import Cluster
+from lbtestbed.cluster.launcher import Cluster
 from lbtestbed.loadgen.locust_run import LOCUSTFILE
 from lbtestbed.loadgen.plan import LEAD_IN, build_plan, closed_users
 

@@ -1,6 +1,7 @@
 """Prometheus, its rules and the Grafana dashboards against live clusters and a real Prometheus server.
 
-Three scenarios, each a real cluster scraped every second by its own Prometheus (lbtestbed/prometheus.py):
+Three scenarios, each a real cluster scraped every second by its own Prometheus
+(lbtestbed/cluster/prometheus.py):
 
 - ``slta``: SLTA on two classes of pools with utilities (utility, tokens, r; theory predicts the
   occupancy tails and the utility bound), driven at the spec's rate;
@@ -47,9 +48,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from test_cluster import gone, lbt, wait_until, write_spec
 
-from lbtestbed.cluster import Cluster, ClusterFile, healthy, spawn
-from lbtestbed.loadgen.openloop import LoadReport, drive, poisson_tasks
-from lbtestbed.prometheus import (
+from lbtestbed.cluster.launcher import Cluster, healthy, spawn
+from lbtestbed.cluster.prometheus import (
     PrometheusError,
     PrometheusServer,
     api_get,
@@ -58,7 +58,9 @@ from lbtestbed.prometheus import (
     start_prometheus,
     wait_for_series,
 )
-from lbtestbed.spec import load_spec
+from lbtestbed.loadgen.openloop import LoadReport, drive, poisson_tasks
+from lbtestbed.model.spec import load_spec
+from lbtestbed.transport.cluster_file import ClusterFile
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "deploy" / "prometheus"

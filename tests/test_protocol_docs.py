@@ -27,15 +27,15 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from lbtestbed import wire
+from lbtestbed.dispatcher.app import build_app as build_dispatcher_app
 from lbtestbed.dispatcher.host import DispatcherHost
-from lbtestbed.dispatcher.host import build_app as build_dispatcher_app
+from lbtestbed.model.spec import Experiment, parse_spec
 from lbtestbed.policies import DISPATCHER_BOUND, DISPATCHERS, MESSAGE_KINDS, NODE_BOUND
 from lbtestbed.policies.jlmu import ranking_of
 from lbtestbed.policies.slta import Thresholds
+from lbtestbed.server_node.app import build_app as build_node_app
 from lbtestbed.server_node.host import NodeHost
-from lbtestbed.server_node.host import build_app as build_node_app
-from lbtestbed.spec import Experiment, parse_spec
+from lbtestbed.transport import wire
 
 ROOT = Path(__file__).resolve().parents[1]
 OPENAPI = ROOT / "docs" / "openapi.yaml"

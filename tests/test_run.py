@@ -242,8 +242,8 @@ def test_prometheus_and_direct_scraping_give_the_same_time_averages(tmp_path: Pa
 def test_a_warmup_shorter_than_the_fluid_model_needs_is_warned_about(tmp_path: Path) -> None:
     """Pools need ln(10 sqrt(n rho)) / mu model seconds to come within a tenth of a standard deviation of
     equilibrium from empty (docs/theory.md): 10 pools at rho = 3 need ln(10 sqrt(30)) = 4.00 s."""
-    from lbtestbed.runner import warmup_warning
-    from lbtestbed.spec import load_spec
+    from lbtestbed.experiment.runner import warmup_warning
+    from lbtestbed.model.spec import load_spec
 
     spec = tmp_path / "spec.toml"
     spec.write_text(POOLS.format(name="warm", policy='name = "jlmu"', duration=10, scale=0.1))
@@ -328,7 +328,7 @@ def test_a_run_in_network_namespaces_agrees_as_on_loopback(tmp_path: Path) -> No
 def test_namespaces_left_by_a_crash_are_removed(tmp_path: Path) -> None:
     """A run that died without ``down`` leaves namespaces with no process in them and a bridge with no
     port; the next ``--netns`` start (``cleanup_stale``) removes them, and only them."""
-    from lbtestbed import netns
+    from lbtestbed.cluster import netns
 
     layout = netns.create(2)
     try:

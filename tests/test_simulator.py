@@ -31,10 +31,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from lbtestbed.analysis.result import Result, summarize
-from lbtestbed.analysis.simulator import RawRun, simulate_once
+from lbtestbed.analysis.results.raw import RawRun
+from lbtestbed.analysis.results.result import Result, summarize
+from lbtestbed.analysis.simulator import simulate_once
 from lbtestbed.analysis.theory.pools import pool_optimum
-from lbtestbed.spec import Experiment, parse_spec
+from lbtestbed.model.spec import Experiment, parse_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -2,7 +2,8 @@
 
 DESIGN principle 1: one TOML file drives everything, so nothing may run on a spec that did not validate,
 and a user must learn from a single line ``<file>: <key>: <what is wrong>`` what to fix (never a
-traceback). The good-spec tests pin the conversions documented in ``lbtestbed/spec.py``: load and arrival
+traceback). The good-spec tests pin the conversions documented in ``lbtestbed/model/spec.py``: load and
+arrival
 rate, exact speeds, seeded uniform speeds and ``--set`` overrides.
 """
 
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 
 from lbtestbed import cli
-from lbtestbed.spec import SpecError, apply_overrides, load_spec, parse_spec
+from lbtestbed.model.spec import SpecError, apply_overrides, load_spec, parse_spec
 
 SOURCE = "bad.toml"
 

@@ -35,7 +35,7 @@ import numpy as np
 import pytest
 from scipy import optimize, stats
 
-from lbtestbed.analysis.result import METRICS, Result, summarize
+from lbtestbed.analysis.results.result import METRICS, Result, summarize
 from lbtestbed.analysis.simulator import simulate_once
 from lbtestbed.analysis.theory import hetero_ps, predict, queues, supermarket
 from lbtestbed.analysis.theory.fluid import from_empty, integrate, warmup_needed
@@ -47,9 +47,9 @@ from lbtestbed.analysis.theory.pools import (
     random_utility,
 )
 from lbtestbed.cli import main
-from lbtestbed.distributions import SizeDistribution
+from lbtestbed.model.distributions import SizeDistribution
+from lbtestbed.model.spec import Experiment, load_spec, parse_spec
 from lbtestbed.policies.jlmu import ranking_of
-from lbtestbed.spec import Experiment, load_spec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted(glob.glob(str(ROOT / "examples" / "*.toml")))

@@ -1,7 +1,8 @@
 """``python -m lbtestbed.dispatcher --cluster FILE --index I [--listen HOST:PORT]``: dispatcher I."""
 
-from lbtestbed.dispatcher.host import DispatcherHost, build_app
-from lbtestbed.service import process_args, serve
+from lbtestbed.dispatcher.app import build_app
+from lbtestbed.dispatcher.host import DispatcherHost
+from lbtestbed.transport.process import process_args, serve
 
 cluster, index, listen = process_args("dispatcher")
 me = cluster.dispatchers[index]

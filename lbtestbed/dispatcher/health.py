@@ -20,14 +20,29 @@ import asyncio
 import logging
 import time
 from collections import Counter, deque
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import aiohttp
 
-from lbtestbed import wire
+from lbtestbed.model.spec import Experiment
+from lbtestbed.policies import DispatcherSide, Message
+from lbtestbed.transport import wire
 
-if TYPE_CHECKING:
-    from lbtestbed.dispatcher.host import DispatcherHost
+
+class Owner(Protocol):
+    """What health tracking needs of the dispatcher it serves (``DispatcherHost``)."""
+
+    exp: Experiment
+    node_urls: list[str]
+    token: str
+    policy: DispatcherSide
+    session: aiohttp.ClientSession | None
+
+    def send(self, msgs: Sequence[Message]) -> None: ...
+
+    def track_r(self) -> None: ...
+
 
 log = logging.getLogger("lbtestbed.dispatcher")
 
@@ -54,7 +69,7 @@ class NodeProcess:
 class Health:
     """Heartbeats and transitions of every node process behind one dispatcher."""
 
-    def __init__(self, host: DispatcherHost) -> None:
+    def __init__(self, host: Owner) -> None:
         self.host = host
         exp = host.exp
         self.interval, self.timeout = exp.health.heartbeat, exp.health.timeout

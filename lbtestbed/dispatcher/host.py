@@ -24,13 +24,13 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from lbtestbed import wire
 from lbtestbed.dispatcher.health import Health
-from lbtestbed.distributions import BlockSampler
-from lbtestbed.faults import MessageFaults
+from lbtestbed.model.distributions import BlockSampler
+from lbtestbed.model.spec import Experiment, seed_sequence, seeded_random
 from lbtestbed.policies import DISPATCHER_BOUND, MESSAGE_KINDS, Message, Probe, Route, make_dispatcher
 from lbtestbed.policies.slta import SLTADispatcher
-from lbtestbed.spec import Experiment, seed_sequence, seeded_random
+from lbtestbed.transport import wire
+from lbtestbed.transport.message_faults import MessageFaults
 
 log = logging.getLogger("lbtestbed.dispatcher")
 
@@ -453,13 +453,3 @@ def _health_metrics(h: DispatcherHost) -> Iterator[Metric]:
         health.ignored,
     )
     yield h.faults.metric("dispatcher")
-
-
-def build_app(host: DispatcherHost) -> web.Application:
-    app = web.Application(client_max_size=wire.MAX_BODY)
-    app.router.add_post(wire.PREFIX + "/tasks", host.post_task)
-    app.router.add_post(wire.PREFIX + "/messages", host.post_messages)
-    app.router.add_get(wire.PREFIX + "/health", host.get_health)
-    app.router.add_post(wire.PREFIX + "/faults", host.post_faults)
-    app.router.add_get("/metrics", wire.metrics_handler(host.registry))
-    return wire.run_with(app, host)

@@ -50,8 +50,8 @@ from lbtestbed.loadgen.plan import (
     build_plan,
     closed_users,
 )
-from lbtestbed.wire import PREFIX
-from lbtestbed.workload import PoissonWorkload
+from lbtestbed.model.workload import PoissonWorkload
+from lbtestbed.transport.wire import PREFIX
 
 JSON_BODY = {"Content-Type": "application/json"}
 STATS_NAME = f"{PREFIX}/tasks"  # one row in locust's statistics, whatever the dispatcher

@@ -26,9 +26,9 @@ import numpy as np
 import uvloop
 from yarl import URL
 
-from lbtestbed.spec import Experiment
-from lbtestbed.wire import PREFIX
-from lbtestbed.workload import PoissonWorkload
+from lbtestbed.model.spec import Experiment
+from lbtestbed.model.workload import PoissonWorkload
+from lbtestbed.transport.wire import PREFIX
 
 LATE = 0.002  # wall seconds: a send that leaves later than this after its intended time counts as late
 JSON_BODY = {"Content-Type": "application/json"}

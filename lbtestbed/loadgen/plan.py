@@ -21,7 +21,7 @@ from pathlib import Path
 
 from lbtestbed.loadgen.openloop import poisson_tasks, read_trace
 from lbtestbed.loadgen.schedule import RateSchedule, ScheduleError, parse_schedule, scheduled_tasks
-from lbtestbed.spec import Experiment, load_spec
+from lbtestbed.model.spec import Experiment, load_spec
 
 MODES = ("open", "closed")
 LEAD_IN = 0.05  # wall seconds between the user's start and model time 0

@@ -20,8 +20,8 @@ from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from lbtestbed.spec import Experiment
-from lbtestbed.workload import PoissonWorkload
+from lbtestbed.model.spec import Experiment
+from lbtestbed.model.workload import PoissonWorkload
 
 _NUMBER = r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?"
 _SEGMENT = re.compile(rf"^({_NUMBER})@({_NUMBER})(?:->({_NUMBER}))?$")

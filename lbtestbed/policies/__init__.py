@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
+from lbtestbed.model.spec import MESSAGE_KINDS, Experiment
 from lbtestbed.policies.base import DispatcherSide, Message, NodeSide, Probe, Route
 from lbtestbed.policies.hetero_ps import Scheme1Dispatcher, Scheme2Dispatcher
 from lbtestbed.policies.jiq import IdleTokenSender, JIQDispatcher
@@ -13,9 +14,17 @@ from lbtestbed.policies.jsq import DepartureNotifier, JSQDispatcher
 from lbtestbed.policies.sampling import LeastRequestDispatcher, PowerOfDDispatcher
 from lbtestbed.policies.slta import SLTADispatcher, SLTANode, Thresholds
 from lbtestbed.policies.static import RandomDispatcher, RoundRobinDispatcher
-from lbtestbed.spec import Experiment
 
-__all__ = ["DispatcherSide", "Message", "NodeSide", "Probe", "Route", "make_dispatcher", "make_node_sides"]
+__all__ = [
+    "MESSAGE_KINDS",
+    "DispatcherSide",
+    "Message",
+    "NodeSide",
+    "Probe",
+    "Route",
+    "make_dispatcher",
+    "make_node_sides",
+]
 
 DISPATCHERS: dict[str, type[DispatcherSide]] = {
     cls.name: cls
@@ -38,20 +47,6 @@ NODE_SIDES: dict[str, type[NodeSide]] = {
     "jlmu": DepartureNotifier,
     "jiq": IdleTokenSender,
     "slta": SLTANode,
-}
-
-#: message kinds each policy sends, for tables and metrics with fixed label sets
-MESSAGE_KINDS: dict[str, tuple[str, ...]] = {
-    "random": (),
-    "round_robin": (),
-    "least_request": (),
-    "jsq": ("departure",),
-    "jlmu": ("departure",),
-    "power_of_d": ("probe", "probe_reply"),
-    "scheme1": ("probe", "probe_reply"),
-    "scheme2": ("probe", "probe_reply"),
-    "jiq": ("idle_token",),
-    "slta": ("token_departure", "token_arrival", "token_epoch", "epoch"),
 }
 
 

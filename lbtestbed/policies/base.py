@@ -12,7 +12,7 @@ import random
 from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any, ClassVar, NamedTuple
 
-from lbtestbed.spec import Experiment
+from lbtestbed.model.spec import Experiment
 
 NO_MESSAGES: tuple[Message, ...] = ()
 

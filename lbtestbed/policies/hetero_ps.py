@@ -13,8 +13,8 @@ import random
 from collections.abc import Sequence
 from fractions import Fraction
 
+from lbtestbed.model.spec import Experiment
 from lbtestbed.policies.base import DispatcherSide, Liveness, Message, Probe, Route, sample_distinct
-from lbtestbed.spec import Experiment
 
 
 class _SchemeDispatcher(DispatcherSide):

@@ -20,9 +20,9 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+from lbtestbed.model.spec import Experiment
 from lbtestbed.policies.base import NO_MESSAGES, DispatcherSide, Message, NodeSide, Route
 from lbtestbed.policies.structures import SpeedBuckets, TokenSet
-from lbtestbed.spec import Experiment
 
 
 def _seq(v: Any) -> int:

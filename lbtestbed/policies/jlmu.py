@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import random
 
+from lbtestbed.model.spec import Experiment
 from lbtestbed.policies.base import Route
 from lbtestbed.policies.jsq import CountingDispatcher
 from lbtestbed.policies.ranking import Ranking
 from lbtestbed.policies.structures import LevelIndex
-from lbtestbed.spec import Experiment
 
 
 def ranking_of(exp: Experiment) -> Ranking:

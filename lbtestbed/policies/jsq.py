@@ -22,9 +22,9 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from lbtestbed.model.spec import Experiment
 from lbtestbed.policies.base import NO_MESSAGES, DispatcherSide, Message, NodeSide, Route
 from lbtestbed.policies.structures import LevelIndex
-from lbtestbed.spec import Experiment
 
 
 def departure_counts(data: Sequence[Any], what: str = "a departure") -> tuple[int, int]:

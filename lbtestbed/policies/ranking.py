@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
-from lbtestbed.utility import Utility
+from lbtestbed.model.utility import Utility
 
 
 class Ranking:

@@ -6,6 +6,7 @@ import random
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+from lbtestbed.model.spec import Experiment
 from lbtestbed.policies.base import (
     DispatcherSide,
     Message,
@@ -14,7 +15,6 @@ from lbtestbed.policies.base import (
     sample_distinct,
     sample_with_replacement,
 )
-from lbtestbed.spec import Experiment
 
 
 class InstantProbe(NamedTuple):

@@ -59,11 +59,11 @@ import random
 from collections.abc import Collection, Sequence
 from typing import Any
 
+from lbtestbed.model.spec import Experiment
 from lbtestbed.policies.base import NO_MESSAGES, DispatcherSide, Message, NodeSide, Route
 from lbtestbed.policies.jlmu import ranking_of
 from lbtestbed.policies.ranking import Ranking
 from lbtestbed.policies.structures import TokenSet
-from lbtestbed.spec import Experiment
 
 Bits = tuple[bool, bool]
 

@@ -1,7 +1,8 @@
 """``python -m lbtestbed.server_node --cluster FILE --index J [--listen HOST:PORT]``: node host J."""
 
-from lbtestbed.server_node.host import NodeHost, build_app
-from lbtestbed.service import process_args, serve
+from lbtestbed.server_node.app import build_app
+from lbtestbed.server_node.host import NodeHost
+from lbtestbed.transport.process import process_args, serve
 
 cluster, index, listen = process_args("server_node")
 me = cluster.node_hosts[index]

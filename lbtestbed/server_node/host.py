@@ -22,13 +22,13 @@ import aiohttp
 import numpy as np
 from aiohttp import web
 
-from lbtestbed import wire
-from lbtestbed.distributions import BlockSampler
-from lbtestbed.faults import MessageFaults
+from lbtestbed.model.distributions import BlockSampler
+from lbtestbed.model.spec import Experiment, seed_sequence, seeded_random
+from lbtestbed.model.workload import Task
 from lbtestbed.policies import DISPATCHER_BOUND, NODE_BOUND, Message, NodeSide, make_node_sides
 from lbtestbed.server_node.models import INF, NodeModel, make_node
-from lbtestbed.spec import Experiment, seed_sequence, seeded_random
-from lbtestbed.workload import Task
+from lbtestbed.transport import wire
+from lbtestbed.transport.message_faults import MessageFaults
 
 log = logging.getLogger("lbtestbed.server_node")
 
@@ -326,18 +326,3 @@ class NodeHost:
             m.advance(max(t, m.last))
             out[k] = m
         return {"time": t, "models": out}
-
-
-def build_app(host: NodeHost) -> web.Application:
-    app = web.Application(client_max_size=wire.MAX_BODY)
-    p = wire.PREFIX
-    app.router.add_post(p + r"/nodes/{node:\d+}/tasks", host.post_task)
-    app.router.add_post(p + r"/nodes/{node:\d+}/probe", host.post_probe)
-    app.router.add_post(p + r"/nodes/{node:\d+}/messages", host.post_messages)
-    app.router.add_get(p + "/health", host.get_health)
-    app.router.add_get(p + "/state", host.get_state)
-    app.router.add_post(p + "/faults", host.post_faults)
-    from lbtestbed.server_node.metrics import registry_for  # the collector module imports this one
-
-    app.router.add_get("/metrics", wire.metrics_handler(registry_for(host)))
-    return wire.run_with(app, host)

@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from lbtestbed import wire
 from lbtestbed.server_node.host import NodeHost
+from lbtestbed.transport import wire
 
 
 class NodeCollector(Collector):

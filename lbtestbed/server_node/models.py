@@ -15,8 +15,8 @@ import heapq
 import math
 from collections import deque
 
-from lbtestbed.utility import Utility
-from lbtestbed.workload import Task
+from lbtestbed.model.utility import Utility
+from lbtestbed.model.workload import Task
 
 INF = math.inf
 

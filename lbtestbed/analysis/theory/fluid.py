@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from lbtestbed.analysis.theory.pools import BoundCurve, alphas, pool_load, service_rate
+from lbtestbed.model.spec import Experiment
 from lbtestbed.policies.jlmu import ranking_of
 from lbtestbed.policies.ranking import Ranking
-from lbtestbed.spec import Experiment
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,9 @@ from fractions import Fraction
 import numpy as np
 
 from lbtestbed.analysis.theory.numeric import poisson_pmf
+from lbtestbed.model.spec import Experiment
 from lbtestbed.policies.jlmu import ranking_of
 from lbtestbed.policies.ranking import Ranking
-from lbtestbed.spec import Experiment
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import Any
 
-from lbtestbed.analysis.result import METRICS, Result
+from lbtestbed.analysis.results.result import METRICS, Result
 from lbtestbed.analysis.theory import hetero_ps, queues, supermarket
 from lbtestbed.analysis.theory.fluid import warmup_needed
 from lbtestbed.analysis.theory.numeric import bisect
@@ -22,7 +22,7 @@ from lbtestbed.analysis.theory.pools import (
     pool_speed,
     random_utility,
 )
-from lbtestbed.spec import Experiment
+from lbtestbed.model.spec import Experiment
 
 #: metrics a queueing formula predicts together, and which fall together when it does not apply
 #: beyond this beta the load is too light for the Halfin-Whitt idle-count formula to mean anything

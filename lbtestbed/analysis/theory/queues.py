@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from statistics import NormalDist
 
 from lbtestbed.analysis.theory.numeric import bisect, poisson_sf
-from lbtestbed.distributions import SizeDistribution
+from lbtestbed.model.distributions import SizeDistribution
 
 
 @dataclass(frozen=True)

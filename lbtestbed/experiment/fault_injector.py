@@ -4,7 +4,7 @@ Process faults act on the processes ``lbt run`` started: ``kill`` sends SIGKILL 
 the fault's node and starts it again at ``until`` (same port, a new incarnation with no tasks); ``pause``
 sends SIGSTOP and SIGCONT; ``restart_dispatcher`` kills a dispatcher and starts it again. Message faults
 are switched on and off in every process (``POST /v1/faults``), which applies them to what it sends
-(``lbtestbed.faults``). Every action is logged with the model time it took effect.
+(``lbtestbed.transport.message_faults``). Every action is logged with the model time it took effect.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from typing import Any
 
 import aiohttp
 
-from lbtestbed import wire
-from lbtestbed.cluster import ClusterError, ClusterFile, Endpoint, spawn
-from lbtestbed.spec import MESSAGE_FAULTS, Experiment, Fault
+from lbtestbed.cluster.launcher import spawn
+from lbtestbed.model.spec import MESSAGE_FAULTS, Experiment, Fault
+from lbtestbed.transport import wire
+from lbtestbed.transport.cluster_file import ClusterError, ClusterFile, Endpoint
 
 
 @dataclass
@@ -124,14 +125,14 @@ class Injector:
         if fault.kind in MESSAGE_FAULTS:
             error = await self._switch(session, i, action == "start")
         elif e is not None:
-            error = self._signal(fault.kind, e, action)
+            error = self.signal_group(fault.kind, e, action)
         nodes = list(e.nodes) if e is not None else []
         entry = FaultAction(i, fault.kind, action, target, at, error, nodes)
         self.log.append(entry)
         note = f" ({error})" if error else ""
         self.say(f"fault {i}: {action} {target} at model time {entry.model_time:.4g}{note}")
 
-    def _signal(self, kind: str, e: Endpoint, action: str) -> str:
+    def signal_group(self, kind: str, e: Endpoint, action: str) -> str:
         if kind == "pause":
             return _kill(e.pid, signal.SIGSTOP if action == "start" else signal.SIGCONT)
         if action == "start":

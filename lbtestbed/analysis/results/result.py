@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from lbtestbed.analysis.simulator import RawRun
-from lbtestbed.analysis.statistics import Estimate, mean_ci, ratio_estimate, replication_estimate
-from lbtestbed.spec import Experiment
+from lbtestbed.analysis.results.raw import RawRun
+from lbtestbed.analysis.results.statistics import Estimate, mean_ci, ratio_estimate, replication_estimate
+from lbtestbed.model.spec import Experiment
 
 #: metrics every result carries, in table order
 METRICS = (

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lbtestbed.analysis import plots
-from lbtestbed.analysis.result import Result
-from lbtestbed.spec import SpecError, load_spec
+from lbtestbed.analysis.report import plots
+from lbtestbed.analysis.results.result import Result
+from lbtestbed.model.spec import SpecError, load_spec
 
 Say = Callable[[str], None]
 #: the columns of the combined table, in order
@@ -96,7 +96,7 @@ class Point:
 
 
 def _simulate(spec: str, overrides: list[str]) -> tuple[Result, Result]:
-    from lbtestbed.analysis.result import summarize
+    from lbtestbed.analysis.results.result import summarize
     from lbtestbed.analysis.simulator import simulate_once
     from lbtestbed.analysis.theory.predict import predict
 
@@ -133,7 +133,7 @@ def sweep(
                 say(f"point {i}/{len(points)} simulated: {_label(_settings(p, keys))}")
                 out.append(Point(_settings(p, keys), result, theory))
         return out
-    from lbtestbed.runner import run_experiment
+    from lbtestbed.experiment.runner import run_experiment
 
     for i, p in enumerate(points, 1):
         sub = directory / (f"{i:02d}-" + re.sub(r"[^A-Za-z0-9_.=-]+", "_", "-".join(p))[:80])
@@ -174,7 +174,7 @@ def rows(points: Sequence[Point]) -> list[list[str]]:
 
 
 def write(directory: Path, spec: str, points: Sequence[Point]) -> list[Path]:
-    from lbtestbed.analysis.report import table
+    from lbtestbed.analysis.report.run_report import table
 
     directory.mkdir(parents=True, exist_ok=True)
     plot = plots.tradeoff(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from lbtestbed.analysis.result import METRICS, Result
-from lbtestbed.spec import Experiment
+from lbtestbed.analysis.results.result import METRICS, Result
+from lbtestbed.model.spec import Experiment
 
 
 def _fmt(v: float | None, digits: int = 6) -> str:

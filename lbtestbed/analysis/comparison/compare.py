@@ -18,7 +18,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from lbtestbed.analysis.result import METRICS, Result
+from lbtestbed.analysis.results.result import METRICS, Result
 
 Z95 = 1.959963984540054
 #: the scalar metrics compared (the tail is handled per class)

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lbtestbed.analysis import plots
-from lbtestbed.analysis.compare import SCALARS, Verdict, compare, run_agrees
-from lbtestbed.analysis.result import Result
-from lbtestbed.analysis.simulator import RawRun
-from lbtestbed.spec import Experiment
+from lbtestbed.analysis.comparison.compare import SCALARS, Verdict, compare, run_agrees
+from lbtestbed.analysis.report import plots
+from lbtestbed.analysis.results.raw import RawRun
+from lbtestbed.analysis.results.result import Result
+from lbtestbed.model.spec import Experiment
 
 UNITS = {
     "mean_sojourn": "model s",

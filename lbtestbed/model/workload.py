@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lbtestbed.spec import Experiment, seed_sequence
+from lbtestbed.model.spec import Experiment, seed_sequence
 
 
 class Task:

@@ -21,16 +21,17 @@ from typing import Any
 
 import aiohttp
 
-from lbtestbed.analysis import report
-from lbtestbed.analysis.measure import NODE_CLOCK, cluster_raw
-from lbtestbed.analysis.report import RunReport
-from lbtestbed.analysis.result import Result, summarize
-from lbtestbed.analysis.scrape import Snapshot, from_query, scrape
-from lbtestbed.analysis.simulator import RawRun
-from lbtestbed.analysis.statistics import ratio_estimate
-from lbtestbed.cluster import Cluster, ClusterError, ClusterFile
+from lbtestbed.analysis.measurement.measure import NODE_CLOCK, cluster_raw
+from lbtestbed.analysis.measurement.scrape import Snapshot, from_query, scrape
+from lbtestbed.analysis.report import run_report as report
+from lbtestbed.analysis.report.run_report import RunReport
+from lbtestbed.analysis.results.raw import RawRun
+from lbtestbed.analysis.results.result import Result, summarize
+from lbtestbed.analysis.results.statistics import ratio_estimate
+from lbtestbed.cluster.launcher import Cluster
 from lbtestbed.loadgen.openloop import LoadReport, drive, poisson_tasks, write_trace
-from lbtestbed.spec import Experiment
+from lbtestbed.model.spec import Experiment
+from lbtestbed.transport.cluster_file import ClusterError, ClusterFile
 
 Say = Callable[[str], None]
 #: wall seconds between samples of SLTA's r for its time series
@@ -143,7 +144,7 @@ async def measure(
 ) -> Measurement:
     """Drive the cluster with ``tasks`` and read its counters at the batch boundaries; apply the spec's
     faults (``cluster_path``: the cluster file, to restart killed processes)."""
-    from lbtestbed.fault_schedule import Injector
+    from lbtestbed.experiment.fault_injector import Injector
 
     scale = exp.run.time_scale
     urls = [e.url for e in f.dispatchers + f.node_hosts]
@@ -200,7 +201,7 @@ async def measure(
 
 def _from_prometheus(url: str, instants: Sequence[tuple[float, float]], say: Say) -> list[Snapshot]:
     """The counters as the Prometheus server saw them at each boundary instant (its last scrape before)."""
-    from lbtestbed.prometheus import instant_query
+    from lbtestbed.cluster.prometheus import instant_query
 
     last = instants[-1][0]
     wait = last + 2.5 - time.time()  # a scrape after the last boundary, at the longest interval (1 s)
@@ -212,7 +213,7 @@ def _from_prometheus(url: str, instants: Sequence[tuple[float, float]], say: Say
 
 def _wait_for_targets(url: str, count: int, timeout: float = 30.0) -> None:
     """Until Prometheus has scraped every process once (its first scrapes take a few seconds)."""
-    from lbtestbed.prometheus import PrometheusError, instant_query
+    from lbtestbed.cluster.prometheus import PrometheusError, instant_query
 
     deadline = time.monotonic() + timeout
     while sum(1 for _, v in instant_query(url, "up") if v == 1.0) < count:
@@ -275,7 +276,7 @@ def cluster_for(
 
 
 def _check_faults(exp: Experiment, f: ClusterFile, local: bool) -> None:
-    from lbtestbed.fault_schedule import check
+    from lbtestbed.experiment.fault_injector import check
 
     check(exp, f, local)
     if exp.faults and sum(not x for x in excluded_batches(exp)) < 2:
@@ -300,7 +301,7 @@ def run_cluster(
     bandwidth: str = "",
 ) -> Measurement:
     """Start (or use) the cluster, record and send the workload, and measure the window."""
-    from lbtestbed.spec import load_spec
+    from lbtestbed.model.spec import load_spec
 
     exp = load_spec(spec, overrides)
     tasks = list(poisson_tasks(exp, exp.run.warmup + exp.run.duration + drain_arrivals(exp)))
@@ -314,7 +315,7 @@ def run_cluster(
             "node_hosts": [h.url for h in f.node_hosts],
         }
         if with_prometheus and prometheus is None:
-            from lbtestbed.prometheus import start_prometheus
+            from lbtestbed.cluster.prometheus import start_prometheus
 
             interval = scrape_interval(exp)
             with start_prometheus(f, directory / "cluster.json", interval) as server:
@@ -402,7 +403,7 @@ def run_experiment(
     """The whole of ``lbt run``: cluster, simulation, theory, verdicts and the report directory."""
     from lbtestbed.analysis.simulator import simulate_once
     from lbtestbed.analysis.theory.predict import predict
-    from lbtestbed.spec import load_spec
+    from lbtestbed.model.spec import load_spec
 
     exp = load_spec(spec, overrides)
     warnings = [w for w in (warmup_warning(exp),) if w]

@@ -14,7 +14,7 @@ until ``/-/ready``. The directory holds:
 - ``data/`` (the TSDB, emptied at every start: one directory is one run) and ``prometheus.log``.
 
 ``instant_query``, ``range_samples`` and ``wait_for_series`` read the server over its HTTP API.
-``python -m lbtestbed.prometheus constants SPEC`` prints the constants file for deployments that run
+``python -m lbtestbed.cluster.prometheus constants SPEC`` prints the constants file for deployments that run
 their own Prometheus (compose, Kubernetes).
 """
 
@@ -35,11 +35,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lbtestbed.cluster import LOOPBACK, ClusterFile, _alive, _signal, free_ports
-from lbtestbed.spec import Experiment, SpecError, load_spec
+from lbtestbed.cluster.processes import alive, free_ports, signal_group
+from lbtestbed.model.spec import Experiment, SpecError, load_spec
+from lbtestbed.transport.cluster_file import LOOPBACK, ClusterFile
 
 #: the rule files of the repository, loaded by every server this module starts
-RULES_DIR = Path(__file__).resolve().parents[1] / "deploy" / "prometheus"
+RULES_DIR = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
 RULE_FILES = ("recording_rules.yml", "alerting_rules.yml")
 CONSTANTS_FILE = "constants.yml"
 JOB = "lbtestbed"
@@ -195,15 +196,15 @@ class PrometheusServer:
 
 def stop_pid(pid: int, grace: float = 5.0) -> bool:
     """Stop a Prometheus started by ``start_prometheus`` (here or in another process) by its pid."""
-    if not _alive(pid):
+    if not alive(pid):
         return False
-    _signal(pid, signal.SIGTERM)  # Prometheus closes its TSDB cleanly on SIGTERM
+    signal_group(pid, signal.SIGTERM)  # Prometheus closes its TSDB cleanly on SIGTERM
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and _alive(pid):
+    while time.monotonic() < deadline and alive(pid):
         time.sleep(0.05)
-    if _alive(pid):
-        _signal(pid, signal.SIGKILL)
-        while _alive(pid) and time.monotonic() < deadline + 5.0:
+    if alive(pid):
+        signal_group(pid, signal.SIGKILL)
+        while alive(pid) and time.monotonic() < deadline + 5.0:
             time.sleep(0.05)
     return True
 
@@ -344,9 +345,10 @@ def wait_for_series(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m lbtestbed.prometheus constants SPEC``: the constants rule file, for other deployments."""
+    """``python -m lbtestbed.cluster.prometheus constants SPEC``: the constants rule file, for other
+    deployments."""
     parser = argparse.ArgumentParser(
-        prog="python -m lbtestbed.prometheus",
+        prog="python -m lbtestbed.cluster.prometheus",
         description="Print the recording rules that hold a spec's arrival rate and its predictions.",
     )
     parser.add_argument("action", choices=("constants",))

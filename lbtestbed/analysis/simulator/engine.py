@@ -13,15 +13,16 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-import os
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from lbtestbed.distributions import BlockSampler
+from lbtestbed.analysis.results.raw import RawRun
+from lbtestbed.model.distributions import BlockSampler
+from lbtestbed.model.spec import Experiment, seed_sequence, seeded_random
+from lbtestbed.model.workload import PoissonWorkload, Task
 from lbtestbed.policies import (
     MESSAGE_KINDS,
     DispatcherSide,
@@ -35,8 +36,6 @@ from lbtestbed.policies import (
 from lbtestbed.policies.sampling import InstantProbe
 from lbtestbed.policies.slta import SLTADispatcher
 from lbtestbed.server_node.models import NodeModel, make_node
-from lbtestbed.spec import Experiment, seed_sequence, seeded_random
-from lbtestbed.workload import PoissonWorkload, Task
 
 INF = math.inf
 
@@ -52,24 +51,6 @@ INF = math.inf
 ) = range(7)
 
 Progress = Callable[[float], None]  # called with the fraction of model time done
-
-
-@dataclass
-class RawRun:
-    """What one replication measured, batch by batch: numerators and denominators of every ratio."""
-
-    batches: int
-    ratios: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
-    sojourns: list[list[float]] = field(default_factory=list)  # per batch, by arrival batch
-    r_time: dict[int, float] = field(default_factory=dict)  # SLTA: seconds spent at each r
-    r_series: list[tuple[float, int]] = field(default_factory=list)
-    decisions: dict[str, int] = field(default_factory=dict)
-    message_kinds: tuple[str, ...] = ()
-    censored: int = 0
-    events: int = 0
-    wall_seconds: float = 0.0
-    stale_tokens: int = 0
-    batch_of: list[int] = field(default_factory=list)  # positions of the batches kept (empty: all)
 
 
 class _Pending:
@@ -750,15 +731,3 @@ class Simulator:
         raw.events = self.events
         raw.wall_seconds = wall
         return raw
-
-
-def simulate_once(exp: Experiment, replication: int = 0, progress: Progress | None = None) -> RawRun:
-    """Run one replication; ``LBT_SIMULATOR=compiled`` runs it on the mypyc build (``analysis/compiled.py``),
-    which gives the same result faster."""
-    if os.environ.get("LBT_SIMULATOR", "python") != "python":
-        from lbtestbed.analysis import compiled  # it imports this module: not at the top
-
-        raw = compiled.run_selected(exp, replication, progress)  # None: not asked for, or not available
-        if isinstance(raw, RawRun):
-            return raw
-    return Simulator(exp, replication, progress).run()

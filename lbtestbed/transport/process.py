@@ -12,7 +12,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from lbtestbed.cluster import ClusterError, ClusterFile
+from lbtestbed.transport.cluster_file import ClusterError, ClusterFile
 
 
 def raise_fd_limit() -> None:

@@ -1,8 +1,8 @@
 """The simulator compiled with mypyc: opt-in, built beside the package, refused once its sources change.
 
-Pure Python is the default and the reference. ``python -m lbtestbed.analysis.compiled build`` compiles
-copies of the simulator's hot modules (``analysis/simulator.py``, ``server_node/models.py``,
-``workload.py``) with mypyc, as the private package ``_lbt_compiled`` in ``build/compiled-simulator/``
+Pure Python is the default and the reference. ``python -m lbtestbed.analysis.simulator.compiled build``
+compiles copies of the simulator's hot modules (``analysis/simulator/engine.py``, ``server_node/models.py``,
+``model/workload.py``) with mypyc, as the private package ``_lbt_compiled`` in ``build/compiled-simulator/``
 (or ``$LBT_COMPILED_DIR``), and records the SHA-256 of every source it compiled. Compiling the modules
 in place would put ``.so`` files beside the sources, where an editable install imports them instead of
 the ``.py`` files long after those have changed; the copies here live outside the package, so nothing
@@ -15,14 +15,14 @@ imports them unless asked:
   the same either way, only slower.
 
 The copies import each other and the rest of the package as it is (policies, spec, distributions): only
-the three copies are frozen, and the hashes pin exactly those. mypyc turns the same Python float and int
+the three copies are frozen (the ``RawRun`` they fill is the package's own), and the hashes pin exactly
+those. mypyc turns the same Python float and int
 operations into the same IEEE double operations, so a compiled run gives the pure-Python run to the last
 bit (``tests/test_compiled_simulator.py``, ``benchmarks/check_simulator_identity.py --compiled``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import importlib
 import json
@@ -34,17 +34,22 @@ import sysconfig
 from pathlib import Path
 from types import ModuleType
 
-from lbtestbed.analysis.simulator import Progress, RawRun
-from lbtestbed.spec import Experiment, SpecError
+from lbtestbed.analysis.results.raw import RawRun
+from lbtestbed.analysis.simulator.engine import Progress
+from lbtestbed.model.spec import Experiment, SpecError
 
-PACKAGE = Path(__file__).resolve().parents[1]  # the lbtestbed package directory
+PACKAGE = Path(__file__).resolve().parents[2]  # the lbtestbed package directory
 TWIN = "_lbt_compiled"
 #: the compiled copies: name in the twin package -> source, relative to the package
-MODULES = {"simulator": "analysis/simulator.py", "models": "server_node/models.py", "workload": "workload.py"}
+MODULES = {
+    "engine": "analysis/simulator/engine.py",
+    "models": "server_node/models.py",
+    "workload": "model/workload.py",
+}
 #: import lines rewritten so that the copies use each other
-REWRITES = {"lbtestbed.server_node.models": f"{TWIN}.models", "lbtestbed.workload": f"{TWIN}.workload"}
+REWRITES = {"lbtestbed.server_node.models": f"{TWIN}.models", "lbtestbed.model.workload": f"{TWIN}.workload"}
 ENV, DIR_ENV = "LBT_SIMULATOR", "LBT_COMPILED_DIR"
-BUILD_HINT = "build it with: python -m lbtestbed.analysis.compiled build"
+BUILD_HINT = "build it with: python -m lbtestbed.analysis.simulator.compiled build"
 
 
 class Unavailable(Exception):
@@ -73,7 +78,7 @@ def build(root: Path | None = None, package: Path = PACKAGE) -> Path:
     twin.mkdir(parents=True, exist_ok=True)
     (dest / "manifest.json").unlink(missing_ok=True)  # no manifest while half built
     (twin / "__init__.py").write_text(
-        '"""Compiled copies of lbtestbed modules: lbtestbed/analysis/compiled.py."""\n'
+        '"""Compiled copies of lbtestbed modules: lbtestbed/analysis/simulator/compiled.py."""\n'
     )
     sources: dict[str, str] = {}
     for name, rel in MODULES.items():
@@ -118,7 +123,7 @@ def load(root: Path | None = None, package: Path = PACKAGE) -> ModuleType:
     for rel, digest in sources.items():
         if _digest(package / rel) != digest:
             raise Unavailable(f"stale: lbtestbed/{rel} changed since the build; {BUILD_HINT}")
-    name = f"{TWIN}.simulator"
+    name = f"{TWIN}.engine"
     loaded = sys.modules.get(name)
     if loaded is not None and not str(loaded.__file__).startswith(str(dest / "src")):
         raise Unavailable(f"another build ({loaded.__file__}) is loaded in this process already")
@@ -164,14 +169,14 @@ def run_selected(exp: Experiment, replication: int = 0, progress: Progress | Non
             print(f"lbt: warning: {ENV}=compiled: {e}; running the pure-Python simulator", file=sys.stderr)
         return None
     raw = module.Simulator(exp, replication, progress).run()
-    # the copy's RawRun is another class: hand back the package's own, field by field
-    return RawRun(**{f.name: getattr(raw, f.name) for f in dataclasses.fields(RawRun)})
+    assert isinstance(raw, RawRun)  # the copies build the package's own RawRun: it is not compiled
+    return raw
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args not in (["build"], ["check"]):
-        print("usage: python -m lbtestbed.analysis.compiled build|check", file=sys.stderr)
+        print("usage: python -m lbtestbed.analysis.simulator.compiled build|check", file=sys.stderr)
         return 2
     try:
         if args == ["build"]:

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from lbtestbed.analysis.result import Result
-from lbtestbed.analysis.simulator import RawRun
+from lbtestbed.analysis.results.raw import RawRun
+from lbtestbed.analysis.results.result import Result
 
 COLORS = {"cluster": "tab:blue", "simulation": "tab:orange", "theory": "black"}
 

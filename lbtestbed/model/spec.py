@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from lbtestbed.distributions import SIZE_DISTRIBUTIONS, SizeDistribution, SpeedSpec
-from lbtestbed.utility import TableUtility, Utility, XLogUtility, first_concavity_violation
+from lbtestbed.model.distributions import SIZE_DISTRIBUTIONS, SizeDistribution, SpeedSpec
+from lbtestbed.model.utility import TableUtility, Utility, XLogUtility, first_concavity_violation
 
 DISCIPLINES = ("pool", "ps", "fcfs")
 POLICIES = (
@@ -56,6 +56,21 @@ POLICY_KEYS: dict[str, tuple[str, ...]] = {
     "slta": ("beta", "beta_scale", "rank_order"),
     "scheme1": ("d",),
     "scheme2": ("d",),
+}
+
+
+#: message kinds each policy sends, for tables and metrics with fixed label sets
+MESSAGE_KINDS: dict[str, tuple[str, ...]] = {
+    "random": (),
+    "round_robin": (),
+    "least_request": (),
+    "jsq": ("departure",),
+    "jlmu": ("departure",),
+    "power_of_d": ("probe", "probe_reply"),
+    "scheme1": ("probe", "probe_reply"),
+    "scheme2": ("probe", "probe_reply"),
+    "jiq": ("idle_token",),
+    "slta": ("token_departure", "token_arrival", "token_epoch", "epoch"),
 }
 
 
@@ -496,8 +511,6 @@ def _parse_faults(top: _Reader, policy: str, n: int, run: RunSpec) -> tuple[Faul
     raw = top.get("faults")
     if not isinstance(raw, list):
         raise top.fail("faults", "must be an array of [[faults]] tables")
-    from lbtestbed.policies import MESSAGE_KINDS  # the policies import this module
-
     one_way = tuple(k for k in MESSAGE_KINDS[policy] if k not in ("probe", "probe_reply"))
     end = run.warmup + run.duration
     faults = []

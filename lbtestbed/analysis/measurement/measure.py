@@ -18,11 +18,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lbtestbed.analysis.scrape import ScrapeError, Snapshot
-from lbtestbed.analysis.simulator import RawRun
+from lbtestbed.analysis.measurement.scrape import ScrapeError, Snapshot
+from lbtestbed.analysis.results.raw import RawRun
 from lbtestbed.loadgen.openloop import TaskRecord
+from lbtestbed.model.spec import Experiment
 from lbtestbed.policies import MESSAGE_KINDS
-from lbtestbed.spec import Experiment
 
 NODE_CLOCK = "lbtestbed_node_model_seconds_total"
 OCCUPANCY = "lbtestbed_node_occupancy_model_seconds_total"

@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from lbtestbed import wire
-from lbtestbed.distributions import BlockSampler
-from lbtestbed.spec import MESSAGE_FAULTS, Experiment, seed_sequence, seeded_random
+from lbtestbed.model.distributions import BlockSampler
+from lbtestbed.model.spec import MESSAGE_FAULTS, Experiment, seed_sequence, seeded_random
+from lbtestbed.transport import wire
 
 #: what a sender does with a message that no fault hits: one copy, no extra delay
 ONCE = (0.0,)

@@ -1,0 +1,1 @@
+"""``lbt run``'s report: the verdict table, ``report.md``, ``results.json`` and the plots."""

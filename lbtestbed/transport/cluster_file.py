@@ -1,0 +1,88 @@
+"""The cluster file: every process of a cluster, its URL and role, the spec it runs and the shared token.
+
+``lbt cluster up`` writes it (mode 0600: it holds the token); each dispatcher and node process reads its
+own part of it at start, so command lines carry no secret. Containers get the file from a ConfigMap and
+the token from the environment (``LBT_TOKEN``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lbtestbed.model.spec import Experiment, load_spec
+from lbtestbed.transport.wire import PREFIX
+
+LOOPBACK = "127.0.0.1"
+DEFAULT_FILE = Path(".lbt") / "cluster.json"
+
+
+class ClusterError(RuntimeError):
+    """The cluster could not be started, reached or stopped; the message says which process and why."""
+
+
+@dataclass
+class Endpoint:
+    role: str  # "dispatcher" or "nodes"
+    index: int
+    url: str
+    nodes: list[int] = field(default_factory=list)  # node ids served (node hosts)
+    pid: int = 0
+    log: str = ""
+
+
+@dataclass
+class ClusterFile:
+    spec: str
+    overrides: list[str]
+    token: str
+    dispatchers: list[Endpoint]
+    node_hosts: list[Endpoint]
+    max_tasks: int = 100_000
+    prometheus_url: str = ""  # a Prometheus started with the cluster (lbt cluster up --with-prometheus)
+    prometheus_pid: int = 0
+    netns: dict[str, Any] = field(default_factory=dict)  # lbtestbed.cluster.netns.Layout of a --netns cluster
+
+    def node_urls(self) -> list[str]:
+        """Base URL of every node id, in id order."""
+        urls: dict[int, str] = {}
+        for host in self.node_hosts:
+            for k in host.nodes:
+                urls[k] = f"{host.url}{PREFIX}/nodes/{k}"
+        return [urls[k] for k in sorted(urls)]
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it holds the token
+        os.fchmod(fd, 0o600)  # also when a leftover file had other permissions
+        with os.fdopen(fd, "w") as f:
+            json.dump(asdict(self), f, indent=1)
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> ClusterFile:
+        try:
+            data = json.loads(Path(path).read_text())
+            return cls(
+                spec=data["spec"],
+                overrides=data.get("overrides", []),
+                # containers get the file from a ConfigMap and the token from a Secret
+                token=data.get("token") or os.environ.get("LBT_TOKEN", ""),
+                dispatchers=[Endpoint(**e) for e in data["dispatchers"]],
+                node_hosts=[Endpoint(**e) for e in data["node_hosts"]],
+                max_tasks=data.get("max_tasks", 100_000),
+                prometheus_url=data.get("prometheus_url", ""),
+                prometheus_pid=data.get("prometheus_pid", 0),
+                netns=data.get("netns") or {},
+            )
+        except FileNotFoundError:
+            raise ClusterError(f"{path}: no cluster file (is a cluster up?)") from None
+        except (ValueError, KeyError, TypeError) as e:
+            raise ClusterError(f"{path}: not a cluster file: {e}") from None
+
+    def experiment(self) -> Experiment:
+        return load_spec(self.spec, self.overrides)
