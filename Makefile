@@ -46,4 +46,4 @@ compiled: $(STAMP)
 	$(BIN)/python -m lbtestbed.analysis.simulator.compiled build
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .hypothesis

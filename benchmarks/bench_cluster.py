@@ -33,6 +33,7 @@ import uvloop
 
 from lbtestbed.cluster.launcher import Cluster
 from lbtestbed.cluster.processes import free_ports
+from lbtestbed.model.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICIES = ("random", "least_request", "jiq", "jlmu", "slta", "power_of_d")
@@ -112,7 +113,7 @@ def bench_policy(policy: str, n: int, seconds: float, rounds: int, concurrency: 
     spec = workdir / f"{policy}.toml"
     spec.write_text(SPEC.format(half=n // 2, other=n - n // 2, policy=policy_table(policy, n)))
     with Cluster(workdir / f"{policy}.json") as cluster:
-        f = cluster.up(str(spec), node_processes=2)
+        f = cluster.up(load_spec(spec), node_processes=2)
         nodes = f.node_urls()
         port = free_ports(1)[0]
         fwd = subprocess.Popen(

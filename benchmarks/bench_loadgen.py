@@ -41,6 +41,7 @@ from typing import Any
 
 from lbtestbed.cluster.launcher import Cluster
 from lbtestbed.cluster.processes import free_ports
+from lbtestbed.model.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 P99_LIMIT_MS = 2.0
@@ -222,7 +223,7 @@ def target_url(target: str, workdir: Path, spec: Path) -> Iterator[str]:
             proc.wait(10)
     else:
         with Cluster(workdir / "cluster.json") as cluster:
-            f = cluster.up(str(spec), node_processes=2)
+            f = cluster.up(load_spec(spec), node_processes=2)
             yield f.dispatchers[0].url
 
 

@@ -15,7 +15,7 @@ the number to track. Before reporting, the benchmark checks that both models mea
     .venv/bin/python benchmarks/bench_simulator.py            # table, about a minute
     .venv/bin/python benchmarks/bench_simulator.py --json     # one JSON object on stdout
     .venv/bin/python benchmarks/bench_simulator.py --profile  # cProfile of one lbtestbed run
-    .venv/bin/python benchmarks/bench_simulator.py --compiled # also the mypyc build (analysis/compiled.py)
+    .venv/bin/python benchmarks/bench_simulator.py --compiled # also the mypyc build (analysis/simulator/)
     .venv/bin/python benchmarks/bench_simulator.py --instructions  # instructions per event (valgrind)
 
 See ``benchmarks/README.md``.

@@ -925,9 +925,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     outcome: Outcome | None = None
     try:
         with Cluster(cfg.out / "cluster" / "cluster.json") as cluster:
-            f = cluster.up(
-                cfg.spec, cfg.overrides, dispatchers=cfg.dispatchers, node_processes=cfg.node_processes
-            )
+            f = cluster.up(cfg.exp, dispatchers=cfg.dispatchers, node_processes=cfg.node_processes)
             pids = {f"dispatcher-{e.index}": e.pid for e in f.dispatchers}
             pids |= {f"nodes-{e.index}": e.pid for e in f.node_hosts}
             pids["generator"] = os.getpid()

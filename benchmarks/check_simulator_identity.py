@@ -21,7 +21,7 @@ first difference it finds for a case that differs. Exit status 0 when every case
     .venv/bin/python benchmarks/check_simulator_identity.py                  # against HEAD, about a minute
     .venv/bin/python benchmarks/check_simulator_identity.py --ref HEAD~3 --only jsq2
     .venv/bin/python benchmarks/check_simulator_identity.py --compiled  # after the mypyc build
-    .venv/bin/python benchmarks/check_simulator_identity.py --ref 3e58d53 --whole  # the layout before the move
+    .venv/bin/python benchmarks/check_simulator_identity.py --ref 3e58d53 --whole  # before the layout moved
 """
 
 from __future__ import annotations

@@ -10,13 +10,60 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from typing import Any
+from typing import Any, NoReturn
 
-from lbtestbed.model.spec import SpecError, load_spec
+from lbtestbed import __version__
+from lbtestbed.model.spec import Experiment, SpecError, load_spec
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line (exit 2): what is wrong and where to read more."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least ``minimum``."""
+
+    def integer(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return integer
+
+
+def dispatcher_problem(exp: Experiment, dispatchers: int) -> str | None:
+    """Why ``exp`` cannot run behind ``dispatchers`` dispatchers, if it cannot."""
+    if exp.policy.name == "slta" and dispatchers > 1:
+        return (
+            f"{exp.source}: policy.name = slta with --dispatchers {dispatchers}: SLTA learns one threshold "
+            "index for the whole cluster, run it with one dispatcher"
+        )
+    return None
+
+
+def netns_problem(args: argparse.Namespace) -> str | None:
+    """Why the ``--netns``/``--bandwidth`` options given cannot work together."""
+    if args.bandwidth and not args.netns:
+        return (
+            f"--bandwidth {args.bandwidth}: a bandwidth limit needs --netns (loopback has no link to limit)"
+        )
+    return None
+
+
+def _bad_input(message: str) -> int:
+    print(f"lbt: error: {message}", file=sys.stderr)
+    return EXIT_BAD_INPUT
 
 
 def _progress(label: str) -> Any:
@@ -112,18 +159,20 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     try:
         if args.action == "up":
             if args.spec is None:
-                print("lbt: error: lbt cluster up needs a SPEC", file=sys.stderr)
-                return EXIT_BAD_INPUT
+                return _bad_input("lbt cluster up needs a SPEC")
+            exp = load_spec(args.spec, args.set)  # a bad spec fails here, before any process starts
+            problem = dispatcher_problem(exp, args.dispatchers) or netns_problem(args)
+            if problem:
+                return _bad_input(problem)
             if args.with_prometheus:
-                problem = _prometheus_problem(args)
-                if problem:
-                    print(f"lbt: error: {problem[1]}", file=sys.stderr)
-                    return problem[0]
+                prometheus = _prometheus_problem(args)
+                if prometheus:
+                    print(f"lbt: error: {prometheus[1]}", file=sys.stderr)
+                    return prometheus[0]
             f = cluster.up(
-                args.spec,
-                args.set,
+                exp,
                 args.dispatchers,
-                args.node_procs,
+                args.node_processes,
                 args.max_tasks,
                 netns=args.netns,
                 bandwidth=args.bandwidth or "",
@@ -213,7 +262,7 @@ def cmd_load(args: argparse.Namespace) -> int:
         "max_outstanding": args.max_outstanding,
     }
     try:
-        plan = build_plan(args.spec, args.set, dispatchers=urls, **options)
+        plan = build_plan(load_spec(args.spec, args.set), dispatchers=urls, **options)
     except (OSError, ValueError) as e:
         print(f"lbt: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -294,17 +343,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from lbtestbed.analysis.report.run_report import terminal
-    from lbtestbed.experiment.runner import run_experiment
+    from lbtestbed.experiment.runner import existing_cluster, run_experiment
+    from lbtestbed.transport.cluster_file import ClusterError
 
     exp = load_spec(args.spec, args.set)  # a bad spec fails before anything starts
+    problem = dispatcher_problem(exp, args.dispatchers) or netns_problem(args)
+    if problem:
+        return _bad_input(problem)
+    if args.endpoints:
+        try:  # the cluster named must exist and run this experiment: checked before anything starts
+            existing_cluster(exp, Path(args.endpoints))
+        except ClusterError as e:
+            return _bad_input(f"--endpoints: {e}")
     directory = (
         Path(args.out) if args.out else Path("reports") / f"{exp.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
     say = _stages(args.quiet)
     try:
         rep, files = run_experiment(
-            args.spec,
-            args.set,
+            exp,
             directory,
             say,
             simulate=not args.no_simulation,
@@ -332,17 +389,21 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from lbtestbed.analysis.report.run_report import table
-    from lbtestbed.experiment.sweep import rows, sweep, write
+    from lbtestbed.experiment.sweep import experiments, rows, sweep, write
 
     exp = load_spec(args.spec)  # the file itself first; every point is checked before the first runs
+    grid = experiments(args.spec, args.set)
+    for _, point in grid if not args.simulate_only else ():
+        problem = dispatcher_problem(point, args.dispatchers)
+        if problem:
+            return _bad_input(problem)
     directory = (
         Path(args.out) if args.out else Path("reports") / f"sweep-{exp.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
     say = _stages(args.quiet)
     try:
         points = sweep(
-            args.spec,
-            args.set,
+            grid,
             directory,
             say,
             simulate_only=args.simulate_only,
@@ -389,30 +450,31 @@ def _add_overrides(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="lbt",
         description="lbtestbed: load-balancing policies from the literature, simulated, predicted, emulated.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     sim = sub.add_parser(
         "simulate",
         help="run the discrete-event simulator on a spec",
-        description="Simulate an experiment spec and print its metrics with 95%% confidence intervals "
+        description="Simulate an experiment spec and print its metrics with 95% confidence intervals "
         "(batch means, or independent replications with --replications).",
     )
     sim.add_argument("spec", help="experiment spec (TOML), see docs/spec.md")
     sim.add_argument("--json", action="store_true", help="print the result object as JSON")
     sim.add_argument(
         "--replications",
-        type=int,
+        type=at_least(1),
         default=1,
         metavar="K",
         help="independent replications, run in parallel processes (default 1: batch means)",
     )
     sim.add_argument(
         "--jobs",
-        type=int,
+        type=at_least(1),
         default=os.cpu_count() or 1,
         metavar="J",
         help="processes for replications (default: the number of cores)",
@@ -448,18 +510,20 @@ def build_parser() -> argparse.ArgumentParser:
     clu.add_argument("spec", nargs="?", help="experiment spec (TOML), for up")
     clu.add_argument("--file", default=".lbt/cluster.json", help="cluster file (default .lbt/cluster.json)")
     clu.add_argument(
-        "--dispatchers", type=int, default=1, metavar="K", help="dispatchers side by side (default 1)"
+        "--dispatchers", type=at_least(1), default=1, metavar="K", help="dispatchers side by side (default 1)"
     )
     clu.add_argument(
-        "--node-procs",
-        type=int,
+        "--node-processes",
+        type=at_least(1),
         default=None,
         metavar="P",
         help="server-node processes; the nodes are split among them (default: 2 per core)",
     )
+    # the name this option had before lbt run's --node-processes: still accepted, no longer shown
+    clu.add_argument("--node-procs", dest="node_processes", type=at_least(1), help=argparse.SUPPRESS)
     clu.add_argument(
         "--max-tasks",
-        type=int,
+        type=at_least(1),
         default=100_000,
         metavar="N",
         help="tasks a node holds before it refuses with 503 (default 100000)",
@@ -520,7 +584,7 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--replay", metavar="FILE", help="send the tasks of a trace file instead")
     load.add_argument(
         "--max-outstanding",
-        type=int,
+        type=at_least(1),
         default=10_000,
         metavar="N",
         help="drop (and count) a task when N are outstanding (default 10000)",
@@ -542,7 +606,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     load.add_argument(
         "--locust-users",
-        type=int,
+        type=at_least(1),
         default=20,
         metavar="N",
         help="with --locust-mode closed: users at the spec's rate (default 20)",
@@ -568,9 +632,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="run on an existing cluster described by this cluster file instead of starting one",
     )
-    run.add_argument("--dispatchers", type=int, default=1, metavar="K", help="dispatchers (default 1)")
     run.add_argument(
-        "--node-processes", type=int, default=None, metavar="P", help="node processes (default 2 per core)"
+        "--dispatchers", type=at_least(1), default=1, metavar="K", help="dispatchers (default 1)"
+    )
+    run.add_argument(
+        "--node-processes",
+        type=at_least(1),
+        default=None,
+        metavar="P",
+        help="node processes (default 2 per core)",
     )
     metrics = run.add_mutually_exclusive_group()
     metrics.add_argument(
@@ -611,9 +681,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     swp.add_argument("--simulate-only", action="store_true", help="simulate each point, no cluster")
     swp.add_argument("--out", metavar="DIR", help="sweep directory (default reports/sweep-<name>-<time>)")
-    swp.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel simulations")
-    swp.add_argument("--dispatchers", type=int, default=1, metavar="K", help="dispatchers per cluster")
-    swp.add_argument("--node-processes", type=int, default=None, metavar="P", help="node processes")
+    swp.add_argument(
+        "--jobs", type=at_least(1), default=os.cpu_count() or 1, metavar="J", help="parallel simulations"
+    )
+    swp.add_argument(
+        "--dispatchers", type=at_least(1), default=1, metavar="K", help="dispatchers per cluster"
+    )
+    swp.add_argument("--node-processes", type=at_least(1), default=None, metavar="P", help="node processes")
     swp.add_argument("--json", action="store_true", help="print sweep.json's object instead of the table")
     swp.add_argument("--quiet", action="store_true", help="no progress on stderr")
     swp.set_defaults(func=cmd_sweep)
@@ -623,8 +697,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if getattr(args, "replications", 1) < 1:
-        parser.error("--replications must be at least 1")
     try:
         return int(args.func(args))
     except SpecError as e:

@@ -1233,12 +1233,12 @@ def test_existing_cluster_must_run_the_spec(
     exp = load_spec(spec, [override])
     with (
         pytest.raises(ClusterError, match=f"run {what} = "),
-        runner.cluster_for(exp, spec, [override], tmp_path, cluster_file, 1, None, lambda _: None),
+        runner.cluster_for(exp, tmp_path, cluster_file, 1, None, lambda _: None),
     ):
         pass
     # the same spec is accepted, and nothing is started or stopped
     same = load_spec(spec)
-    with runner.cluster_for(same, spec, [], tmp_path, cluster_file, 1, None, lambda _: None) as f:
+    with runner.cluster_for(same, tmp_path, cluster_file, 1, None, lambda _: None) as f:
         assert f.node_urls() == [f"{f.node_hosts[0].url}/v1/nodes/{k}" for k in range(3)]
     assert cluster_file.exists()
 

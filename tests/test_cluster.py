@@ -11,8 +11,9 @@ Tolerances, in short (each test says more):
   within a few ulps: ``FLOAT_TOL`` ulp of the largest time involved per operation.
 - Timer error. A node completes a task at its scheduled model time whatever the timer error, so service
   times are exact. Only effects of *late* timers are bounded, by ``LATE_WALL``: the longest a node's event
-  loop may fire a due timer late. The design notes measure about 1 ms (p99 2 ms) with 1000 sleepers; these
-  nodes hold a handful of tasks, so 25 ms wall is a generous bound even on a loaded 2-core machine.
+  loop may fire a due timer late. A measurement for the project found about 1 ms (p99 2 ms) with 1000
+  sleepers; these nodes hold a handful of tasks, so 25 ms wall is a generous bound even on a loaded 2-core
+  machine.
 - Message rates versus the simulator: see ``test_messages_per_task_agree_with_the_simulator``.
 """
 
@@ -360,7 +361,7 @@ def _settled(disp: Metrics, nodes: Metrics) -> bool:
 def run_policy(policy: str, directory: Path, spec_text: str | None = None) -> PolicyRun:
     spec = write_spec(directory, spec_text or POLICY_SPECS[policy]())
     with Cluster(directory / "cluster.json") as cluster:
-        f = cluster.up(str(spec), node_processes=NODE_PROCESSES)
+        f = cluster.up(load_spec(spec), node_processes=NODE_PROCESSES)
         exp = f.experiment()
         assert exp.policy.name == policy
         dispatcher, hosts = cluster_urls(f)
@@ -488,8 +489,9 @@ def test_every_task_completes_and_the_routing_rule_shows(
 
 
 def test_slta_never_routes_randomly(policy_run: Callable[[str], PolicyRun]) -> None:
-    """SLTA's increment keeps a yellow token at all times (jlmu_slta.md §5.3, Remark 1), so the random
-    branch never fires; the notes call this a testable assertion (0 random dispatches in the exact CTMC).
+    """SLTA's increment keeps a yellow token at all times (Goldsztajn et al. 2021, §3.2 and Remark 1), so the
+    random branch never fires, a testable assertion (the exact-CTMC reference of docs/theory.md, "Reference
+    runs", made 0 random dispatches).
     In the cluster the dispatcher's picture lags the pools by a message delay: it counts each task until the
     pool reports its departure, which makes it an SLTA state of its own, so Remark 1 holds for it too
     (issue 4: the earlier rule routed 0.5-3 % of these tasks at random)."""
@@ -561,13 +563,13 @@ def test_slta_r_stays_bounded_at_high_task_rates(tmp_path: Path) -> None:
     Without an emulated delay each departure's report rides on the reply of the task that left, which the
     dispatcher applies before it answers the client, so the picture never holds more tasks than there are
     clients waiting: at most CLIENTS. r rises to r + 1 only on an arrival that finds no green token and at
-    most one yellow one (jlmu_slta.md §5.3): then every class-i pool holds at least l_i(r) tasks in the
-    picture and all class-i_r pools but one at least j_r; with the arriving task that is 4r tasks or more,
+    most one yellow one (Goldsztajn et al. 2021, §3.2): then every class-i pool holds at least l_i(r) tasks in
+    the picture and all class-i_r pools but one at least j_r; with the arriving task that is 4r tasks or more,
     since each of the first r slots is one task in each of its class's 4 pools. So 4 (r - 1) <= CLIENTS all
     along: r <= 17 (read every 50 ms and at the end)."""
     spec = write_spec(tmp_path, HIGH_RATE_SPEC)
     with Cluster(tmp_path / "cluster.json") as cluster:
-        f = cluster.up(str(spec), node_processes=NODE_PROCESSES)
+        f = cluster.up(load_spec(spec), node_processes=NODE_PROCESSES)
         dispatcher, _ = cluster_urls(f)
         statuses, rs = asyncio.run(closed_loop_reading_r(dispatcher, 3.0, CLIENTS, 200_000))
         disp = scrape([dispatcher])
@@ -597,7 +599,7 @@ def logged_run(directory: Path, spec_text: str) -> LoggedRun:
     """Send the spec's tasks through the dispatcher, keep every reply, scrape the nodes when all are back."""
     spec = write_spec(directory, spec_text)
     with Cluster(directory / "cluster.json") as cluster:
-        f = cluster.up(str(spec), node_processes=NODE_PROCESSES)
+        f = cluster.up(load_spec(spec), node_processes=NODE_PROCESSES)
         exp = f.experiment()
         dispatcher, _ = cluster_urls(f)
         tasks = list(poisson_tasks(exp, exp.run.duration))
@@ -1030,7 +1032,7 @@ def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     directory = tmp_path_factory.mktemp("limited")
     spec = write_spec(directory, LIMITED_SPEC)
     with Cluster(directory / "cluster.json") as cluster:
-        f = cluster.up(str(spec), node_processes=NODE_PROCESSES, max_tasks=1)
+        f = cluster.up(load_spec(spec), node_processes=NODE_PROCESSES, max_tasks=1)
         dispatcher, hosts = cluster_urls(f)
         yield Live(f, dispatcher, hosts)
 
@@ -1199,7 +1201,7 @@ def test_refused_tasks_leave_no_phantom_in_jsq_state(tmp_path: Path) -> None:
     the dispatcher must again see all 4 nodes idle (its idle_nodes gauge), as after any run."""
     spec = write_spec(tmp_path, fcfs_spec('name = "jsq"', count=4, scale=0.02))
     with Cluster(tmp_path / "cluster.json") as cluster:
-        f = cluster.up(str(spec), node_processes=NODE_PROCESSES, max_tasks=1)
+        f = cluster.up(load_spec(spec), node_processes=NODE_PROCESSES, max_tasks=1)
         dispatcher, _ = cluster_urls(f)
         replies = asyncio.run(concurrent_tasks(f"{dispatcher}/v1/tasks", [10.0] * 8))
         assert sorted(s for s, _ in replies) == [200] * 4 + [503] * 4
@@ -1240,7 +1242,7 @@ def test_killed_node_process_loses_its_tasks_and_nothing_else(tmp_path: Path) ->
     """
     spec = write_spec(tmp_path, POOLS4_SPEC)
     with Cluster(tmp_path / "cluster.json") as cluster:
-        f = cluster.up(str(spec), node_processes=NODE_PROCESSES)
+        f = cluster.up(load_spec(spec), node_processes=NODE_PROCESSES)
         exp = f.experiment()
         dispatcher, _ = cluster_urls(f)
         victim = f.node_hosts[0]
@@ -1326,7 +1328,7 @@ def test_cli_up_status_down(tmp_path: Path) -> None:
     cfile = tmp_path / "run" / "cluster.json"
     pids: list[int] = []
     try:
-        up = lbt("cluster", "up", str(spec), "--file", str(cfile), "--node-procs", "2")
+        up = lbt("cluster", "up", str(spec), "--file", str(cfile), "--node-processes", "2")
         assert up.returncode == 0, up.stderr
         assert "cluster up" in up.stdout
         f = ClusterFile.load(cfile)
@@ -1340,7 +1342,7 @@ def test_cli_up_status_down(tmp_path: Path) -> None:
         lines = status.stdout.strip().splitlines()
         assert len(lines) == 3 and all("healthy" in line for line in lines), status.stdout
 
-        again = lbt("cluster", "up", str(spec), "--file", str(cfile), "--node-procs", "2")
+        again = lbt("cluster", "up", str(spec), "--file", str(cfile), "--node-processes", "2")
         assert again.returncode != 0
         err = again.stderr.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("lbt: error:") and "already up" in err[0], again.stderr
@@ -1415,7 +1417,7 @@ def test_cli_up_with_a_bad_override_exits_2(tmp_path: Path) -> None:
 
 
 BUG_ZOMBIE = (
-    "BUG: cluster.py alive() counts a zombie (a process that has exited but whose parent has not reaped "
+    "BUG: processes.py alive() counts a zombie (a process that has exited but whose parent has not reaped "
     "it) as alive, because os.kill(pid, 0) succeeds on zombies; a cluster process that died under a parent "
     "that does not reap (a container's PID 1 without an init) shows as 'running, not answering' instead of "
     "DEAD, `lbt cluster down` waits its whole grace period for it, and `lbt cluster up` says a cluster is "
@@ -1449,7 +1451,7 @@ def test_cli_status_sees_a_zombie_as_dead(tmp_path: Path) -> None:
             str(spec),
             "--file",
             str(cfile),
-            "--node-procs",
+            "--node-processes",
             "2",
         ],
         stdout=subprocess.PIPE,

@@ -53,6 +53,7 @@ from test_cluster import (
 
 from lbtestbed.cluster.launcher import Cluster, healthy, spawn
 from lbtestbed.loadgen.openloop import LoadReport, drive, poisson_tasks
+from lbtestbed.model.spec import load_spec
 from lbtestbed.transport.cluster_file import ClusterFile
 from lbtestbed.transport.wire import PREFIX
 
@@ -143,7 +144,7 @@ def test_jiq_idle_tokens_dropped_until_the_drain_come_back(tmp_path: Path) -> No
     text = fcfs_spec('name = "jiq"', count=JIQ_N, duration=JIQ_D, scale=SCALE) + HEALTH
     spec = write_spec(tmp_path, text + fault("drop", ["idle_token"], FAULT_ON, JIQ_D, "fraction = 1.0\n"))
     with Cluster(tmp_path / "cluster.json") as cluster:
-        f = cluster.up(str(spec), node_processes=NODE_PROCESSES)
+        f = cluster.up(load_spec(spec), node_processes=NODE_PROCESSES)
         dispatcher, hosts = cluster_urls(f)
         tasks = list(poisson_tasks(f.experiment(), JIQ_D))
         report, _ = asyncio.run(load(dispatcher, tasks, [(FAULT_ON, lambda: switch(f, 0, True))]))
@@ -193,7 +194,7 @@ def test_jiq_duplicated_and_delayed_tokens_count_once(tmp_path: Path) -> None:
 
     spec = write_spec(tmp_path, text)
     with Cluster(tmp_path / "cluster.json") as cluster:
-        f = cluster.up(str(spec), node_processes=NODE_PROCESSES)
+        f = cluster.up(load_spec(spec), node_processes=NODE_PROCESSES)
         dispatcher, hosts = cluster_urls(f)
         tasks = list(poisson_tasks(f.experiment(), JIQ_D))
         report, _ = asyncio.run(load(dispatcher, tasks, [(FAULT_ON, on)]))
@@ -226,7 +227,7 @@ def test_jsq_dropped_departures_heal(tmp_path: Path) -> None:
     text = fcfs_spec('name = "jsq"', count=JSQ_N, duration=JIQ_D, scale=SCALE) + HEALTH
     spec = write_spec(tmp_path, text + fault("drop", ["departure"], FAULT_ON, JIQ_D, "fraction = 0.5\n"))
     with Cluster(tmp_path / "cluster.json") as cluster:
-        f = cluster.up(str(spec), node_processes=NODE_PROCESSES)
+        f = cluster.up(load_spec(spec), node_processes=NODE_PROCESSES)
         dispatcher, hosts = cluster_urls(f)
         tasks = list(poisson_tasks(f.experiment(), JIQ_D))
         report, _ = asyncio.run(load(dispatcher, tasks, [(FAULT_ON, lambda: switch(f, 0, True))]))
@@ -275,7 +276,7 @@ def test_slta_dropped_tokens_and_epoch_answers_heal(tmp_path: Path) -> None:
         switch(f, 0, True)
 
     with Cluster(tmp_path / "cluster.json") as cluster:
-        f = cluster.up(str(spec), node_processes=NODE_PROCESSES)
+        f = cluster.up(load_spec(spec), node_processes=NODE_PROCESSES)
         exp = f.experiment()
         assert {c.name: c.count for c in exp.classes} == SLTA_CLASSES
         dispatcher, hosts = cluster_urls(f)
@@ -365,7 +366,7 @@ def test_restarted_dispatcher_rebuilds_its_picture(tmp_path: Path, policy: str, 
     marks: dict[str, float] = {}
     busy_at_ready: list[float] = []
     with Cluster(tmp_path / "cluster.json") as cluster:
-        f = cluster.up(str(spec), node_processes=NODE_PROCESSES)
+        f = cluster.up(load_spec(spec), node_processes=NODE_PROCESSES)
         dispatcher, hosts = cluster_urls(f)
         old = f.dispatchers[0]
         tasks = [(t, w) for t, w in poisson_tasks(f.experiment(), RESTART_D)]

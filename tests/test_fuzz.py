@@ -181,7 +181,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     directory = tmp_path_factory.mktemp("fuzz")
     spec = write_spec(directory, LIVE_SPEC)
     with Cluster(directory / "cluster.json") as cluster:
-        f = cluster.up(str(spec), node_processes=2)
+        f = cluster.up(load_spec(spec), node_processes=2)
         dispatcher, hosts = cluster_urls(f)
         pids = [e.pid for e in f.dispatchers + f.node_hosts]
         yield Live(cluster, f, f.experiment(), dispatcher, hosts, pids, Ledger())

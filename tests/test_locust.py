@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from lbtestbed.cluster.launcher import Cluster
 from lbtestbed.loadgen.locust_run import LOCUSTFILE
 from lbtestbed.loadgen.plan import LEAD_IN, build_plan, closed_users
+from lbtestbed.model.spec import load_spec
 
 #: 4 pools (infinite servers, so no task waits) and 2 dispatchers; 150 tasks per wall second for 2 s,
 #: each holding its pool for 50 ms of wall time on average
@@ -87,13 +88,13 @@ def test_locust_tasks_are_counted_by_the_dispatchers(tmp_path: Path) -> None:
     spec = tmp_path / "spec.toml"
     spec.write_text(CLUSTER_SPEC)
     with Cluster(tmp_path / "cluster.json") as cluster:
-        f = cluster.up(str(spec), dispatchers=2, node_processes=2)
+        f = cluster.up(load_spec(spec), dispatchers=2, node_processes=2)
         out = lbt("load", str(spec), "--cluster", str(cluster.path), "--locust", "--json", "--quiet")
         assert out.returncode == 0, out.stderr
         summary = json.loads(out.stdout)
         counted = [dispatcher_tasks(d.url) for d in f.dispatchers]
     # locust sent the spec's tasks: the same ones lbt load would send
-    plan = build_plan(str(spec), dispatchers=["http://unused"])
+    plan = build_plan(load_spec(spec), dispatchers=["http://unused"])
     assert summary["generator"] == "locust" and summary["mode"] == "open"
     assert summary["scheduled"] == summary["completed"] == len(plan.tasks)
     # each dispatcher counted what it completed, round robin: half each, the first one more if odd
@@ -166,7 +167,7 @@ def test_open_mode_keeps_sending_while_tasks_are_slow(slow: tuple[SlowServer, Pa
     out = lbt("load", str(spec), "--dispatcher", server.url, "--locust", "--json", "--quiet")
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout)
-    sent = len(build_plan(str(spec), dispatchers=[server.url]).tasks)  # Poisson, mean 200
+    sent = len(build_plan(load_spec(spec), dispatchers=[server.url]).tasks)  # Poisson, mean 200
     assert summary["sent"] == summary["completed"] == server.tasks == sent
     # Tasks in the server at a time are an M/D/inf count, Poisson with mean 100 x HOLD = 50 once the
     # first HOLD has passed; P(Poisson(50) <= 25) < 1e-4, so an open loop peaks above 25. A loop that
@@ -199,7 +200,7 @@ def test_closed_users_follow_the_schedule(tmp_path: Path) -> None:
     spec = tmp_path / "slow.toml"
     spec.write_text(SLOW_SPEC)  # time scale 1: model seconds are wall seconds
     plan = build_plan(
-        str(spec), mode="closed", schedule="2@1, 2@0->2, 1@0.5", users=10, dispatchers=["http://x"]
+        load_spec(spec), mode="closed", schedule="2@1, 2@0->2, 1@0.5", users=10, dispatchers=["http://x"]
     )
     # (times away from the segment boundaries, where the float sum LEAD_IN + t may land on either side)
     at = {t: closed_users(plan, LEAD_IN + t) for t in (0.0, 1.9, 2.02, 2.5, 3.0, 3.99, 4.2, 5.01, 9.0)}

@@ -210,12 +210,12 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         Cluster(base / "jiq" / "cluster.json") as c_jiq,
     ):
         files = {
-            "slta": c_slta.up(str(specs["slta"]), node_processes=2),
-            "jiq": c_jiq.up(str(specs["jiq"]), node_processes=2),
+            "slta": c_slta.up(load_spec(specs["slta"]), node_processes=2),
+            "jiq": c_jiq.up(load_spec(specs["jiq"]), node_processes=2),
         }
         with (
-            start_prometheus(files["slta"], c_slta.path) as p_slta,
-            start_prometheus(files["jiq"], c_jiq.path) as p_jiq,
+            start_prometheus(load_spec(specs["slta"]), files["slta"], c_slta.path) as p_slta,
+            start_prometheus(load_spec(specs["jiq"]), files["jiq"], c_jiq.path) as p_jiq,
         ):
             for server in (p_slta, p_jiq):
                 wait_for_series(server.url, "sum(up) == 3", timeout=30)  # every target scraped once
@@ -422,7 +422,7 @@ def faults(tmp_path_factory: pytest.TempPathFactory, live: Live) -> Iterator[Fau
     out = Faults(Scenario("faults", "", 0.0, {}, set()), cluster_path=cfile)
     try:
         out.up = lbt(
-            "cluster", "up", str(spec), "--file", str(cfile), "--node-procs", "3", "--max-tasks", "2",
+            "cluster", "up", str(spec), "--file", str(cfile), "--node-processes", "3", "--max-tasks", "2",
             "--with-prometheus",
         )  # fmt: skip
         assert out.up.returncode == 0, out.up.stderr
@@ -999,7 +999,8 @@ def test_server_stops_and_leaves_no_process(live: Live, tmp_path: Path) -> None:
     cfile = tmp_path / "other.json"
     live.clusters["slta"].save(cfile)
     server: PrometheusServer
-    with start_prometheus(live.clusters["slta"], cfile, scrape_interval=0.5) as server:
+    exp = live.clusters["slta"].experiment()
+    with start_prometheus(exp, live.clusters["slta"], cfile, scrape_interval=0.5) as server:
         assert wait_for_series(server.url, "up", timeout=30)
         pid = server.pid
     assert gone(pid)

@@ -1,10 +1,9 @@
 """The experiment spec refuses every bad input with one line naming the file, the key and the problem.
 
-DESIGN principle 1: one TOML file drives everything, so nothing may run on a spec that did not validate,
-and a user must learn from a single line ``<file>: <key>: <what is wrong>`` what to fix (never a
+docs/design.md, principle 1: one TOML file drives everything, so nothing may run on a spec that did not
+validate, and a user must learn from a single line ``<file>: <key>: <what is wrong>`` what to fix (never a
 traceback). The good-spec tests pin the conversions documented in ``lbtestbed/model/spec.py``: load and
-arrival
-rate, exact speeds, seeded uniform speeds and ``--set`` overrides.
+arrival rate, exact speeds, seeded uniform speeds and ``--set`` overrides.
 """
 
 from __future__ import annotations
@@ -775,6 +774,6 @@ def test_cli_runs_nothing_on_a_bad_spec(
 
 
 def test_utility_on_a_queue_class_is_refused() -> None:
-    # utilities are the pool model's (jlmu_slta.md §1); on a ps class nothing would use them
+    # utilities are the pool model's (docs/theory.md, "The pool model"); on a ps class nothing would use them
     data = with_(PS_BASE, "classes.0.utility", {"kind": "xlog", "r": 20})
     expect_error(data, "classes[0].utility", "pool classes")

@@ -16,13 +16,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from lbtestbed.cluster import netns as ns
 from lbtestbed.cluster.processes import alive, free_ports, signal_group
-from lbtestbed.model.spec import load_spec
+from lbtestbed.model.spec import Experiment
 from lbtestbed.transport.cluster_file import DEFAULT_FILE, LOOPBACK, ClusterError, ClusterFile, Endpoint
 from lbtestbed.transport.wire import PREFIX
 
@@ -78,12 +77,12 @@ class Cluster:
     def __init__(self, path: Path = DEFAULT_FILE) -> None:
         self.path = Path(path)
         self.file: ClusterFile | None = None
+        self.exp: Experiment | None = None  # what up() started
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def up(
         self,
-        spec: str,
-        overrides: Sequence[str] = (),
+        exp: Experiment,
         dispatchers: int = 1,
         node_processes: int | None = None,
         max_tasks: int = 100_000,
@@ -91,15 +90,23 @@ class Cluster:
         netns: bool = False,
         bandwidth: str = "",
     ) -> ClusterFile:
-        """Start the cluster; ``netns``: every node process in its own network namespace on a bridge
-        (``lbtestbed.cluster.netns``), with ``bandwidth`` (a tc rate) on every link if given."""
-        exp = load_spec(spec, overrides)  # a bad spec fails here, before any process starts
+        """Start a cluster for ``exp``; ``netns``: every node process in its own network namespace on a
+        bridge (``lbtestbed.cluster.netns``), with ``bandwidth`` (a tc rate) on every link if given.
+
+        The processes read the experiment themselves, from the file and overrides it was loaded from
+        (``exp.source``, ``exp.overrides``)."""
+        if not Path(exp.source).is_file():
+            raise ClusterError(
+                f"{exp.source}: the cluster's processes read the spec from a file: no such file"
+            )
         if exp.policy.name == "slta" and dispatchers > 1:
             raise ClusterError(
                 "slta learns one threshold index for the whole cluster: run it with one dispatcher"
             )
         if dispatchers < 1:
             raise ClusterError(f"a cluster needs at least one dispatcher, got {dispatchers}")
+        if node_processes is not None and node_processes < 1:
+            raise ClusterError(f"a cluster needs at least one node process, got {node_processes}")
         if self.path.exists():
             old = ClusterFile.load(self.path)
             running = [e.pid for e in old.dispatchers + old.node_hosts if e.pid and alive(e.pid)]
@@ -110,7 +117,9 @@ class Cluster:
                 )
         if bandwidth and not netns:
             raise ClusterError("a bandwidth limit needs --netns: loopback has no link to limit")
-        groups = split_nodes(exp.n, node_processes or min(exp.n, max(1, (os.cpu_count() or 2) * 2)))
+        if node_processes is None:
+            node_processes = min(exp.n, max(1, (os.cpu_count() or 2) * 2))
+        groups = split_nodes(exp.n, node_processes)
         layout = None
         if netns:
             try:
@@ -138,9 +147,10 @@ class Cluster:
             )
             for j, g in enumerate(groups)
         ]
+        self.exp = exp
         self.file = ClusterFile(
-            str(Path(spec).resolve()),
-            list(overrides),
+            str(Path(exp.source).resolve()),
+            list(exp.overrides),
             secrets.token_hex(16),
             disp,
             hosts,
@@ -182,10 +192,10 @@ class Cluster:
         """Start a Prometheus that scrapes this cluster and record it in the cluster file; its URL."""
         from lbtestbed.cluster.prometheus import PrometheusError, start_prometheus
 
-        if self.file is None:
+        if self.file is None or self.exp is None:
             raise ClusterError(f"{self.path}: start the cluster before its Prometheus")
         try:
-            server = start_prometheus(self.file, self.path, scrape_interval, port=port)
+            server = start_prometheus(self.exp, self.file, self.path, scrape_interval, port=port)
         except PrometheusError as e:
             raise ClusterError(str(e)) from None
         if server.proc is not None:

@@ -131,14 +131,13 @@ def constant_rules(exp: Experiment, name: str) -> dict[str, Any]:
 
 
 def write_config(
-    cluster: ClusterFile, directory: Path, scrape_interval: float, name: str | None = None
+    exp: Experiment, cluster: ClusterFile, directory: Path, scrape_interval: float, name: str | None = None
 ) -> Path:
     """Write every file the server reads into ``directory``; returns the configuration file."""
     if not MIN_INTERVAL <= scrape_interval <= MAX_INTERVAL:
         raise PrometheusError(
             f"scrape interval {scrape_interval:g} s: must be between {MIN_INTERVAL:g} and {MAX_INTERVAL:g} s"
         )
-    exp = cluster.experiment()
     name = name or exp.name
     directory.mkdir(parents=True, exist_ok=True)
     rule_files = []
@@ -218,6 +217,7 @@ def ready(url: str) -> bool:
 
 
 def start_prometheus(
+    exp: Experiment,
     cluster: ClusterFile,
     cluster_path: Path,
     scrape_interval: float = 1.0,
@@ -226,14 +226,14 @@ def start_prometheus(
     port: int | None = None,
     timeout: float = 30.0,
 ) -> PrometheusServer:
-    """Configure and start a Prometheus for ``cluster`` and wait until it is ready.
+    """Configure and start a Prometheus for ``cluster`` (running ``exp``) and wait until it is ready.
 
     ``name`` is the ``cluster`` label (default: the spec's name); ``port`` a fixed port (default: a free
     one, chosen again if another process takes it before Prometheus binds it).
     """
     binary = prometheus_binary()
     directory = config_dir(Path(cluster_path))
-    config = write_config(cluster, directory, scrape_interval, name)
+    config = write_config(exp, cluster, directory, scrape_interval, name)
     data = directory / "data"
     shutil.rmtree(data, ignore_errors=True)  # one directory is one run
     log_path = directory / "prometheus.log"

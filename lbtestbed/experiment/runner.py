@@ -29,8 +29,9 @@ from lbtestbed.analysis.results.raw import RawRun
 from lbtestbed.analysis.results.result import Result, summarize
 from lbtestbed.analysis.results.statistics import ratio_estimate
 from lbtestbed.cluster.launcher import Cluster
+from lbtestbed.experiment.fault_injector import Injector, check
 from lbtestbed.loadgen.openloop import LoadReport, drive, poisson_tasks, write_trace
-from lbtestbed.model.spec import Experiment
+from lbtestbed.model.spec import Experiment, SpecError
 from lbtestbed.transport.cluster_file import ClusterError, ClusterFile
 
 Say = Callable[[str], None]
@@ -144,8 +145,6 @@ async def measure(
 ) -> Measurement:
     """Drive the cluster with ``tasks`` and read its counters at the batch boundaries; apply the spec's
     faults (``cluster_path``: the cluster file, to restart killed processes)."""
-    from lbtestbed.experiment.fault_injector import Injector
-
     scale = exp.run.time_scale
     urls = [e.url for e in f.dispatchers + f.node_hosts]
     marks = boundaries(exp)
@@ -224,11 +223,33 @@ def _wait_for_targets(url: str, count: int, timeout: float = 30.0) -> None:
         time.sleep(0.25)
 
 
+def existing_cluster(exp: Experiment, endpoints: Path) -> ClusterFile:
+    """The cluster file ``endpoints``, after checking that its processes run ``exp`` (ClusterError if not)."""
+    f = ClusterFile.load(endpoints)
+    try:
+        running = f.experiment()
+    except SpecError as e:
+        raise ClusterError(f"{endpoints}: the cluster's own spec does not load: {e}") from None
+    # the processes read their spec when they started: what they apply must be what the run assumes
+    for what, mine, theirs in (
+        ("classes", exp.raw.get("classes"), running.raw.get("classes")),
+        ("seed", exp.seed, running.seed),  # speeds drawn from a distribution depend on it
+        ("policy", exp.raw.get("policy"), running.raw.get("policy")),
+        ("run.time_scale", exp.run.time_scale, running.run.time_scale),
+        ("network", exp.raw.get("network"), running.raw.get("network")),
+    ):
+        if mine != theirs:
+            raise ClusterError(
+                f"{endpoints}: the cluster's processes run {what} = {theirs}, the spec asks for {mine}; "
+                f"start the cluster with the same spec and overrides"
+            )
+    check_faults(exp, f, local=False)
+    return f
+
+
 @contextlib.contextmanager
 def cluster_for(
     exp: Experiment,
-    spec: str,
-    overrides: Sequence[str],
     directory: Path,
     endpoints: Path | None,
     dispatchers: int,
@@ -239,45 +260,27 @@ def cluster_for(
 ) -> Iterator[ClusterFile]:
     """A cluster for the run: the one described by ``endpoints``, or a new local one stopped afterwards."""
     if endpoints is not None:
-        f = ClusterFile.load(endpoints)
-        running = f.experiment()
-        # the processes read their spec when they started: what they apply must be what the run assumes
-        for what, mine, theirs in (
-            ("classes", exp.raw.get("classes"), running.raw.get("classes")),
-            ("seed", exp.seed, running.seed),  # speeds drawn from a distribution depend on it
-            ("policy", exp.raw.get("policy"), running.raw.get("policy")),
-            ("run.time_scale", exp.run.time_scale, running.run.time_scale),
-            ("network", exp.raw.get("network"), running.raw.get("network")),
-        ):
-            if mine != theirs:
-                raise ClusterError(
-                    f"{endpoints}: the cluster's processes run {what} = {theirs}, the spec asks for {mine}; "
-                    f"start the cluster with the same spec and overrides"
-                )
-        _check_faults(exp, f, local=False)
-        yield f
+        yield existing_cluster(exp, endpoints)
         return
     cluster = Cluster(directory / "cluster.json")
     where = " in network namespaces" if netns else ""
     say(f"starting the cluster{where}: {exp.n} nodes, {dispatchers} dispatcher(s)")
     try:
         f = cluster.up(
-            spec,
-            overrides,
+            exp,
             dispatchers=dispatchers,
             node_processes=node_processes,
             netns=netns,
             bandwidth=bandwidth,
         )
-        _check_faults(exp, f, local=True)
+        check_faults(exp, f, local=True)
         yield f
     finally:
         cluster.down()
 
 
-def _check_faults(exp: Experiment, f: ClusterFile, local: bool) -> None:
-    from lbtestbed.experiment.fault_injector import check
-
+def check_faults(exp: Experiment, f: ClusterFile, local: bool) -> None:
+    """Refuse faults the cluster cannot take or that leave too little to compare (ClusterError)."""
     check(exp, f, local)
     if exp.faults and sum(not x for x in excluded_batches(exp)) < 2:
         raise ClusterError(
@@ -287,8 +290,7 @@ def _check_faults(exp: Experiment, f: ClusterFile, local: bool) -> None:
 
 
 def run_cluster(
-    spec: str,
-    overrides: Sequence[str],
+    exp: Experiment,
     directory: Path,
     say: Say,
     *,
@@ -301,14 +303,9 @@ def run_cluster(
     bandwidth: str = "",
 ) -> Measurement:
     """Start (or use) the cluster, record and send the workload, and measure the window."""
-    from lbtestbed.model.spec import load_spec
-
-    exp = load_spec(spec, overrides)
     tasks = list(poisson_tasks(exp, exp.run.warmup + exp.run.duration + drain_arrivals(exp)))
     write_trace(directory / "trace.csv", tasks)
-    with cluster_for(
-        exp, spec, overrides, directory, endpoints, dispatchers, node_processes, say, netns, bandwidth
-    ) as f:
+    with cluster_for(exp, directory, endpoints, dispatchers, node_processes, say, netns, bandwidth) as f:
         path = endpoints if endpoints is not None else directory / "cluster.json"
         info = {
             "dispatchers": [d.url for d in f.dispatchers],
@@ -318,7 +315,7 @@ def run_cluster(
             from lbtestbed.cluster.prometheus import start_prometheus
 
             interval = scrape_interval(exp)
-            with start_prometheus(f, directory / "cluster.json", interval) as server:
+            with start_prometheus(exp, f, directory / "cluster.json", interval) as server:
                 say(f"Prometheus at {server.url}, scraping every {interval:g} s")
                 _wait_for_targets(server.url, len(f.dispatchers) + len(f.node_hosts))
                 m = asyncio.run(measure(exp, f, tasks, say, server.url, cluster_path=path))
@@ -392,8 +389,7 @@ def cluster_result(exp: Experiment, m: Measurement) -> tuple[Result, RawRun]:
 
 
 def run_experiment(
-    spec: str,
-    overrides: Sequence[str],
+    exp: Experiment,
     directory: Path,
     say: Say,
     *,
@@ -403,14 +399,12 @@ def run_experiment(
     """The whole of ``lbt run``: cluster, simulation, theory, verdicts and the report directory."""
     from lbtestbed.analysis.simulator import simulate_once
     from lbtestbed.analysis.theory.predict import predict
-    from lbtestbed.model.spec import load_spec
 
-    exp = load_spec(spec, overrides)
     warnings = [w for w in (warmup_warning(exp),) if w]
     for w in warnings:
         say(f"warning: {w}")
     directory.mkdir(parents=True, exist_ok=True)
-    m = run_cluster(spec, overrides, directory, say, **cluster_options)
+    m = run_cluster(exp, directory, say, **cluster_options)
     cluster, raw = cluster_result(exp, m)
     raws = {"cluster": raw}
     simulation = None

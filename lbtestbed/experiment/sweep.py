@@ -20,7 +20,7 @@ from typing import Any
 
 from lbtestbed.analysis.report import plots
 from lbtestbed.analysis.results.result import Result
-from lbtestbed.model.spec import SpecError, load_spec
+from lbtestbed.model.spec import Experiment, SpecError, load_spec
 
 Say = Callable[[str], None]
 #: the columns of the combined table, in order
@@ -95,12 +95,11 @@ class Point:
         }
 
 
-def _simulate(spec: str, overrides: list[str]) -> tuple[Result, Result]:
+def _simulate(exp: Experiment) -> tuple[Result, Result]:
     from lbtestbed.analysis.results.result import summarize
     from lbtestbed.analysis.simulator import simulate_once
     from lbtestbed.analysis.theory.predict import predict
 
-    exp = load_spec(spec, overrides)
     return summarize(exp, [simulate_once(exp)]), predict(exp)
 
 
@@ -109,9 +108,13 @@ def _settings(point: Sequence[str], keys: Sequence[str]) -> dict[str, str]:
     return {k: values[k] for k in keys}
 
 
+def experiments(spec: str, overrides: Sequence[str]) -> list[tuple[list[str], Experiment]]:
+    """Every point of the grid with its experiment; a bad point raises SpecError before anything runs."""
+    return [(p, load_spec(spec, p)) for p in grid(overrides)]
+
+
 def sweep(
-    spec: str,
-    overrides: Sequence[str],
+    points: Sequence[tuple[list[str], Experiment]],
     directory: Path,
     say: Say,
     *,
@@ -119,26 +122,25 @@ def sweep(
     jobs: int = 2,
     **cluster_options: Any,
 ) -> list[Point]:
-    points = grid(overrides)
-    keys = varying(points) or [item.partition("=")[0] for item in points[0]]
-    for p in points:  # every point must be a valid spec before anything runs
-        load_spec(spec, p)
+    """Run (or simulate) every point of ``experiments(...)``."""
+    settings = [p for p, _ in points]
+    keys = varying(settings) or [item.partition("=")[0] for item in settings[0]]
     directory.mkdir(parents=True, exist_ok=True)
     out: list[Point] = []
     if simulate_only:
         with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
-            futures = [pool.submit(_simulate, spec, p) for p in points]
-            for i, (p, fut) in enumerate(zip(points, futures, strict=True), 1):
+            futures = [pool.submit(_simulate, exp) for _, exp in points]
+            for i, (p, fut) in enumerate(zip(settings, futures, strict=True), 1):
                 result, theory = fut.result()
                 say(f"point {i}/{len(points)} simulated: {_label(_settings(p, keys))}")
                 out.append(Point(_settings(p, keys), result, theory))
         return out
     from lbtestbed.experiment.runner import run_experiment
 
-    for i, p in enumerate(points, 1):
+    for i, (p, exp) in enumerate(points, 1):
         sub = directory / (f"{i:02d}-" + re.sub(r"[^A-Za-z0-9_.=-]+", "_", "-".join(p))[:80])
         say(f"point {i}/{len(points)}: {_label(_settings(p, keys))}")
-        rep, _ = run_experiment(spec, p, sub, lambda line: say(f"  {line}"), **cluster_options)
+        rep, _ = run_experiment(exp, sub, lambda line: say(f"  {line}"), **cluster_options)
         assert rep.theory is not None
         out.append(Point(_settings(p, keys), rep.cluster, rep.theory, rep.agrees, str(sub)))
     return out

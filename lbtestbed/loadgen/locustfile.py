@@ -50,6 +50,7 @@ from lbtestbed.loadgen.plan import (
     build_plan,
     closed_users,
 )
+from lbtestbed.model.spec import load_spec
 from lbtestbed.model.workload import PoissonWorkload
 from lbtestbed.transport.wire import PREFIX
 
@@ -201,8 +202,7 @@ def _init(environment: Environment, **_: Any) -> None:
         dispatchers = [environment.host.rstrip("/")]
     try:
         plan = build_plan(
-            o.lbt_spec,
-            o.lbt_set,
+            load_spec(o.lbt_spec, o.lbt_set),  # the worker process reads the spec itself
             mode=o.lbt_mode,
             schedule=o.lbt_schedule,
             duration=o.lbt_duration,

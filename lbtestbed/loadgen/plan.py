@@ -21,7 +21,7 @@ from pathlib import Path
 
 from lbtestbed.loadgen.openloop import poisson_tasks, read_trace
 from lbtestbed.loadgen.schedule import RateSchedule, ScheduleError, parse_schedule, scheduled_tasks
-from lbtestbed.model.spec import Experiment, load_spec
+from lbtestbed.model.spec import Experiment
 
 MODES = ("open", "closed")
 LEAD_IN = 0.05  # wall seconds between the user's start and model time 0
@@ -64,8 +64,7 @@ class Plan:
 
 
 def build_plan(
-    spec: str,
-    overrides: Sequence[str] = (),
+    exp: Experiment,
     *,
     mode: str = "open",
     schedule: str | None = None,
@@ -76,7 +75,7 @@ def build_plan(
     max_outstanding: int = 10_000,
     drain: float = 120.0,
 ) -> Plan:
-    """Read the spec and the schedule or trace; a bad input raises ValueError (SpecError, ScheduleError)."""
+    """The tasks ``exp`` sends under the schedule or trace; bad input raises ValueError (ScheduleError)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     if not dispatchers:
@@ -87,7 +86,6 @@ def build_plan(
         raise ValueError("a trace has its own arrival times: replay it in open mode")
     if users < 1 or max_outstanding < 1 or not drain > 0:
         raise ValueError("users and max outstanding must be at least 1, and the drain time positive")
-    exp = load_spec(spec, overrides)
     if replay is not None:
         tasks = read_trace(Path(replay))
         horizon = tasks[-1][0] if tasks else 0.0

@@ -1,4 +1,4 @@
-"""The experiment spec: one TOML file drives predict, simulate, cluster and run (DESIGN principle 1).
+"""The experiment spec: one TOML file drives predict, simulate, cluster and run (docs/design.md, principle 1).
 
 ``load_spec`` reads and validates a file. Every problem raises ``SpecError`` whose text is one line naming
 the file, the key and what is wrong; nothing runs on a spec that did not validate. Every key is documented
@@ -166,6 +166,9 @@ class Experiment:
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
     faults: tuple[Fault, ...] = ()
     health: HealthSpec = field(default_factory=HealthSpec)
+    #: the ``--set`` overrides applied to the file at ``source``: a cluster's processes read the same
+    #: experiment from the two (``load_spec(source, overrides)``)
+    overrides: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def n(self) -> int:
@@ -413,7 +416,7 @@ def _parse_policy(r: _Reader, classes: Sequence[NodeClass], n: int) -> PolicySpe
             raise r.fail(
                 "beta" if r.has("beta") else "beta_scale",
                 f"n * beta_n = {n * beta:.3g} < 2 breaks SLTA's yellow-token invariant "
-                f"(jlmu_slta.md §5.3); use beta >= {2 / n:.3g}",
+                f'(docs/theory.md, "SLTA\'s learning rule and the bound on beta"); use beta >= {2 / n:.3g}',
             )
     rank_order = r.string("rank_order", default="ij", choices=("ij", "ji"))
     return PolicySpec(name=name, d=d, replace=replace, tie_break=tie_break, beta=beta, rank_order=rank_order)
@@ -644,4 +647,6 @@ def load_spec(path: str | Path, overrides: Iterable[str] = ()) -> Experiment:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise SpecError(source, "", f"not valid TOML: {e}") from None
-    return parse_spec(apply_overrides(data, overrides, source), source)
+    overrides = tuple(overrides)
+    exp = parse_spec(apply_overrides(data, overrides, source), source)
+    return dataclasses.replace(exp, overrides=overrides)

@@ -1,0 +1,80 @@
+"""Bad arguments: exit 2 with one line that names the argument, before anything starts.
+
+Each case runs ``lbt`` as a user does (a child process), in a scratch directory, and checks that nothing
+was created there: no cluster file, no report directory, no log.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+JIQ = str(ROOT / "examples" / "jiq.toml")
+SLTA = str(ROOT / "examples" / "slta_two_classes.toml")
+
+
+def lbt(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "lbtestbed.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["simulate", JIQ, "--jobs", "0"], "--jobs"),
+        (["simulate", JIQ, "--replications", "0"], "--replications"),
+        (["simulate", JIQ, "--jobs", "two"], "--jobs"),
+        (["sweep", JIQ, "--simulate-only", "--jobs", "0", "--set", "workload.load=0.5"], "--jobs"),
+        (["cluster", "up", JIQ, "--node-processes", "0"], "--node-processes"),
+        (["cluster", "up", JIQ, "--node-procs", "0"], "--node-procs"),
+        (["cluster", "up", JIQ, "--dispatchers", "0"], "--dispatchers"),
+        (["cluster", "up", SLTA, "--dispatchers", "2", "--file", "c.json"], "--dispatchers 2"),
+        (["cluster", "up", JIQ, "--bandwidth", "10mbit", "--file", "c.json"], "--bandwidth"),
+        (["run", JIQ, "--endpoints", "missing.json", "--out", "report"], "missing.json"),
+        (["run", SLTA, "--dispatchers", "2", "--out", "report"], "--dispatchers 2"),
+        (["run", JIQ, "--node-processes", "0", "--out", "report"], "--node-processes"),
+        (["run", JIQ, "--bandwidth", "10mbit", "--out", "report"], "--bandwidth"),
+        (["sweep", SLTA, "--set", "workload.load=9,9.5", "--dispatchers", "2", "--out", "sweep"], "slta"),
+        (["load", JIQ, "--max-outstanding", "0", "--dispatcher", "http://127.0.0.1:9"], "--max-outstanding"),
+        (["frobnicate"], "frobnicate"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line_and_start_nothing(
+    tmp_path: Path, args: list[str], named: str
+) -> None:
+    done = lbt(tmp_path, *args)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "error" in lines[0] and named in lines[0], lines[0]
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    assert list(tmp_path.iterdir()) == []  # no cluster file, report, logs or .lbt/
+
+
+def test_version_is_the_package_version() -> None:
+    import tomllib
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    done = lbt(ROOT, "--version")
+    assert done.returncode == 0
+    assert done.stdout.strip() == f"lbt {version}"
+
+
+@pytest.mark.parametrize("command", ["simulate", "predict", "cluster", "load", "run", "sweep"])
+def test_help_shows_no_format_escapes(command: str) -> None:
+    done = lbt(ROOT, command, "--help")
+    assert done.returncode == 0
+    assert "%%" not in done.stdout and "%(" not in done.stdout
+
+
+def test_the_cluster_flag_for_node_processes_is_named_as_in_run() -> None:
+    """lbt cluster and lbt run name it the same; the old --node-procs still works but is not shown."""
+    cluster_help = lbt(ROOT, "cluster", "--help").stdout
+    run_help = lbt(ROOT, "run", "--help").stdout
+    assert "--node-processes" in cluster_help and "--node-processes" in run_help
+    assert "--node-procs" not in cluster_help

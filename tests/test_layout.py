@@ -1,0 +1,89 @@
+"""The package's layout (docs/design.md, principle 8): no module imports itself through others, and nothing
+but the command line sits loose at the top of the package.
+
+The import graph is grimp's (the library behind import-linter): every import statement counts, also one
+deferred into a function or guarded by ``TYPE_CHECKING``. The layers themselves are import-linter's
+contracts in pyproject.toml, checked by ``make lint``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import grimp
+
+#: modules allowed directly under lbtestbed/ beside the subpackages
+TOP_LEVEL_MODULES = {"lbtestbed.cli"}
+
+
+def cycles(graph: grimp.ImportGraph, modules: Iterable[str]) -> list[list[str]]:
+    """The import cycles among ``modules``: strongly connected components of more than one module, or a
+    module that imports itself (Tarjan's algorithm, iterative)."""
+    modules = sorted(modules)
+    edges = {m: sorted(graph.find_modules_directly_imported_by(m) & set(modules)) for m in modules}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    found: list[list[str]] = []
+    for root in modules:
+        if root in index:
+            continue
+        work = [(root, 0)]
+        while work:
+            v, i = work.pop()
+            if i == 0:
+                index[v] = low[v] = len(index)
+                stack.append(v)
+                on_stack.add(v)
+            for j in range(i, len(edges[v])):
+                w = edges[v][j]
+                if w not in index:
+                    work += [(v, j + 1), (w, 0)]
+                    break
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            else:
+                if low[v] == index[v]:
+                    component = []
+                    while True:
+                        w = stack.pop()
+                        on_stack.discard(w)
+                        component.append(w)
+                        if w == v:
+                            break
+                    if len(component) > 1 or v in edges[v]:
+                        found.append(sorted(component))
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[v])
+    return found
+
+
+def test_the_cycle_finder_finds_cycles() -> None:
+    """On a graph built by hand: a three-module cycle, a self-import, and an acyclic chain beside them."""
+    graph = grimp.ImportGraph()
+    for a, b in [("p.a", "p.b"), ("p.b", "p.c"), ("p.c", "p.a"), ("p.d", "p.d"), ("p.e", "p.f")]:
+        graph.add_import(importer=a, imported=b)
+    graph.add_module("p.g")
+    assert sorted(cycles(graph, graph.modules)) == [["p.a", "p.b", "p.c"], ["p.d"]]
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    graph = grimp.build_graph("lbtestbed", cache_dir=None)
+    assert cycles(graph, graph.modules) == []
+
+
+def test_deferred_imports_are_in_the_graph() -> None:
+    """The graph sees imports inside functions (the launcher imports the Prometheus module only when a
+    cluster asks for one), so a cycle through one would be found."""
+    graph = grimp.build_graph("lbtestbed", cache_dir=None)
+    assert "lbtestbed.cluster.prometheus" in graph.find_modules_directly_imported_by(
+        "lbtestbed.cluster.launcher"
+    )
+
+
+def test_nothing_loose_at_the_top_of_the_package() -> None:
+    graph = grimp.build_graph("lbtestbed", cache_dir=None)
+    loose = {m for m in graph.find_children("lbtestbed") if not graph.find_children(m)}
+    assert loose == TOP_LEVEL_MODULES
