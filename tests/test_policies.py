@@ -1,7 +1,8 @@
 """Every policy rule pinned on small hand-made states, driving the sans-I/O policy objects directly.
 
-The expected values come from the notes in ``/work/shared/spec`` (jlmu_slta.md §2-§6, jsq_power_of_d.md §1.2
-and §4, hetero_ps.md §2 and §7) or from hand computation, never from the code under test.
+The expected values come from the policies' rules and reference tables in ``docs/theory.md`` ("Pools",
+"Tie-breaking rules", "What each policy sends", "The two assignment rules") and ``docs/notes/pools.md``, or
+from hand computation, never from the code under test.
 
 Statistical checks use fixed seeds. A uniformity check is Pearson's chi-square test: under the rule, the
 statistic sum((observed - expected)^2 / expected) is approximately chi-square with (outcomes - 1) degrees of
@@ -142,10 +143,12 @@ class World:
 # ======================================================================================= ranking
 
 
-# Table 1 of the JLMU/SLTA paper (jlmu_slta.md §6.1): u_i(x) = x ln(r_i / x), r = (20, 30), equal classes.
+# Table 1 of the JLMU/SLTA paper (Goldsztajn et al. 2021, §3.4.1): u_i(x) = x ln(r_i / x), r = (20, 30),
+# equal classes.
 TABLE1 = [pool_class("r20", 2, {"kind": "xlog", "r": 20}), pool_class("r30", 2, {"kind": "xlog", "r": 30})]
 
-# The notes' first 15 slots, classes shifted to 0-based: (2,1),(1,1),(2,2),(1,2),(2,3),(2,4),(1,3),...
+# The first 15 slots of docs/notes/pools.md, "The ranking around the optimum", classes shifted to 0-based:
+# (2,1),(1,1),(2,2),(1,2),(2,3),(2,4),(1,3),...
 TABLE1_FIRST_15 = [
     (1, 1), (0, 1), (1, 2), (0, 2), (1, 3), (1, 4), (0, 3), (1, 5),
     (0, 4), (1, 6), (1, 7), (0, 5), (1, 8), (0, 6), (1, 9),
@@ -164,14 +167,14 @@ TABLE1_ROWS = [
 
 
 @pytest.mark.parametrize("order", ["ij", "ji"])
-def test_table1_enumeration_matches_the_notes(order: str) -> None:
+def test_table1_enumeration_matches_the_reference_table(order: str) -> None:
     exp = experiment(TABLE1, {"name": "jlmu", "rank_order": order}, load=9.75)
     ranking = ranking_of(exp)
     assert [ranking.slot(k) for k in range(1, 16)] == TABLE1_FIRST_15
     alpha = [Fraction(1, 2), Fraction(1, 2)]
     for k, slot, delta, capacity, ell in TABLE1_ROWS:
         assert ranking.slot(k) == slot
-        assert ranking.marginal(k) == pytest.approx(delta, abs=6e-7)  # the notes print 6 decimals
+        assert ranking.marginal(k) == pytest.approx(delta, abs=6e-7)  # the table prints 6 decimals
         assert sum(alpha[ranking.slot(q)[0]] for q in range(1, k + 1)) == Fraction(capacity)
         assert ranking.thresholds(k) == ell
     # sigma* for rho = 9.75 is the first slot whose cumulative capacity exceeds rho: k = 20, slot (2,12)
@@ -183,7 +186,8 @@ def _exactly_one_step(ranking: Ranking, upto: int) -> None:
         before, after = ranking.thresholds(r), ranking.thresholds(r + 1)
         i_r, j_r = ranking.slot(r)
         steps = [b - a for a, b in zip(before, after, strict=True)]
-        # r -> r + 1 raises l_{i_r} by one and nothing else (jlmu_slta.md §5.1)
+        # r -> r + 1 raises l_{i_r} by one and nothing else (docs/theory.md, "SLTA: thresholds, tokens and
+        # dispatching")
         assert steps == [1 if i == i_r else 0 for i in range(len(before))], (r, before, after)
         assert before[i_r] == j_r - 1  # l_{i_r}(r) = j_r - 1
     assert ranking.thresholds(1) == (0,) * len(ranking.utilities)
@@ -217,8 +221,9 @@ def test_each_change_of_r_moves_exactly_one_threshold_by_one(which: str) -> None
     _exactly_one_step(ranking_of(exp), 60)
 
 
-# Section 6.3's constructed example (jlmu_slta.md [C]): alpha = (1/4, 1/4, 1/2); u1(x) = x; u2 slope 6 for
-# 5 tasks, 2 for the next 5, then flat; u3 slope 3 for 10 tasks, then flat.
+# The constructed example of docs/notes/pools.md ("A constructed three-class example"):
+# alpha = (1/4, 1/4, 1/2); u1(x) = x; u2 slope 6 for 5 tasks, 2 for the next 5, then flat; u3 slope 3 for
+# 10 tasks, then flat.
 SEC63 = [
     pool_class("u1", 1, table([1])),
     pool_class("u2", 1, table([6] * 5 + [2] * 5 + [0])),
@@ -264,7 +269,7 @@ def test_section_6_3_example(order: str) -> None:
 
 # An exact tie across classes: class 0 has slope 2 for 7 tasks, class 1 slope 6 for 5 then 2 for 5 tasks.
 CROSS_TIE = [pool_class("a", 1, table([2] * 7 + [1])), pool_class("b", 1, table([6] * 5 + [2] * 5 + [0]))]
-# "ij": ties by class first; "ji": ties by j first, then class (jlmu_slta.md §2 sort key)
+# "ij": ties by class first; "ji": ties by j first, then class (docs/theory.md, "Slots and their ranking")
 CROSS_TIE_IJ = (
     [(1, j) for j in range(1, 6)] + [(0, j) for j in range(1, 8)] + [(1, j) for j in range(6, 11)]
     + [(0, 8), (0, 9), (0, 10)]
@@ -299,8 +304,8 @@ def test_jlmu_dispatch_order_on_exact_ties(order: str, expected: list[tuple[int,
 )
 def test_ties_survive_floating_point_rounding(order: str, expected: list[tuple[int, int]]) -> None:
     # class 0: u = 0, 0.3, 0.6, 0.7, 0.8: in floats the steps are 0.3, 0.3, 0.09999999999999998,
-    # 0.10000000000000009, ...; class 1 has slope 0.1. Every 0.1-ish step is an exact tie (§2 sort key:
-    # round the marginal utilities), so only the rank order decides.
+    # 0.10000000000000009, ...; class 1 has slope 0.1. Every 0.1-ish step is an exact tie (the sort key of
+    # docs/theory.md: round the marginal utilities), so only the rank order decides.
     classes = [
         pool_class("a", 1, {"kind": "table", "values": [0, 0.3, 0.6, 0.7, 0.8]}),
         pool_class("b", 1, {"kind": "table", "values": [0, 0.1]}),
@@ -385,7 +390,8 @@ def slta_world(beta: float = 0.5, counts: Sequence[int] = (2, 3, 3), seed: int =
 
 
 def expected_bits(ranking: Ranking, i: int, x: int, r: int) -> tuple[bool, bool]:
-    """jlmu_slta.md §5.1: green iff x < l_i(r); yellow iff i = i_r and x < j_r."""
+    """docs/theory.md, "SLTA: thresholds, tokens and dispatching": green iff x < l_i(r); yellow iff i = i_r
+    and x < j_r."""
     i_r, j_r = ranking.slot(r)
     return x < ranking.thresholds(r)[i], i == i_r and x < j_r
 
@@ -480,10 +486,11 @@ def test_slta_learning_step(green: set[int], yellow: set[int], r_after: int, out
         if r_after == 5:
             assert route.messages == ()
             continue
-        # r -> r - 1 lowers l_{i_{r-1}} = l_0; r -> r + 1 raises l_{i_r} = l_1 (jlmu_slta.md §5.1)
+        # r -> r - 1 lowers l_{i_{r-1}} = l_0; r -> r + 1 raises l_{i_r} = l_1 (docs/theory.md)
         assert disp.ranking.thresholds(disp.r) == ((1, 1, 1) if r_after == 4 else (2, 2, 1))
-        # the pools whose thresholds or yellow set changed hear of the new epoch (§5.4): 5 -> 4 moves the
-        # yellow set from class 1 to class 0 and lowers class 0; 5 -> 6 moves it to class 2, raises class 1
+        # the pools whose thresholds or yellow set changed hear of the new epoch (docs/theory.md, "SLTA's
+        # messages"): 5 -> 4 moves the yellow set from class 1 to class 0 and lowers class 0; 5 -> 6 moves it
+        # to class 2, raises class 1
         told = {m.node for m in route.messages}
         assert all(m.kind == "epoch" for m in route.messages)
         assert told >= ({0, 1, 2, 3, 4} if r_after == 4 else {2, 3, 4, 5, 6, 7})
@@ -544,7 +551,8 @@ def test_slta_increment_guesses_the_new_yellow_tokens() -> None:
     # class 2's pools were believed (no green, no yellow) at r = 5: they hold l_2(5) = 1 task or more.
     # The dispatcher assumes the new yellow token (x < j_6 = 2) is there; all three hold exactly 1, so the
     # guess is right: every told pool answers with the bits the dispatcher already holds, no correction
-    # (the notes' §5.4 withholds the token and makes all three report it)
+    # (the messaging design of docs/theory.md, "SLTA's messages", withholds the token and makes all three
+    # report it)
     told = {m.node for m in routes[2].messages}
     answers = world.to_dispatcher
     assert sorted(m.node for m in answers) == sorted(told) and {m.kind for m in answers} == {"token_epoch"}
@@ -569,7 +577,8 @@ def test_slta_decrement_driven_by_departures() -> None:
     assert disp.r == 4
     # decrement: green class-0 pools gain y for sure and are assumed to lose g (l_0 falls from 2 to 1);
     # node 0 holds 1 task, so it did lose it: the belief is exact and the told pools answer without a
-    # correction (the notes' §5.4 keeps g and makes node 0 correct it)
+    # correction (the messaging design of docs/theory.md, "SLTA's messages", keeps g and makes node 0 correct
+    # it)
     told = {m.node for m in route.messages}
     answers = world.to_dispatcher
     assert sorted(m.node for m in answers) == sorted(told) and {m.kind for m in answers} == {"token_epoch"}
@@ -581,7 +590,8 @@ def test_slta_decrement_driven_by_departures() -> None:
 
 
 def _branch(ranking: Ranking, exp: Experiment, x: Sequence[int], r: int) -> tuple[dict[str, set[int]], int]:
-    """Token sets of the true state and the r the learning rule gives after one arrival (§5.2, §5.3)."""
+    """Token sets of the true state and the r the learning rule gives after one arrival (Goldsztajn et al.
+    2021, §3.2)."""
     cls = exp.node_class
     bits = [expected_bits(ranking, cls[k], x[k], r) for k in range(exp.n)]
     prev = ranking.slot(r - 1)[0] if r > 1 else -1
@@ -612,7 +622,8 @@ SLTA_RUNS = [
 def test_slta_long_run_invariants(
     classes: list[dict[str, Any]] | None, counts: tuple[int, ...], beta: float, load: float
 ) -> None:
-    """jlmu_slta.md §8.3 item 12 on a long random sequence of arrivals and departures, exact delivery.
+    """SLTA's invariants (docs/theory.md, "SLTA: thresholds, tokens and dispatching"; the paper's Remark 1)
+    on a long random sequence of arrivals and departures, exact delivery.
 
     Arrivals at rate n load and departures at rate (tasks present) (M/M/inf, mean service 1). After every
     event the dispatcher's belief equals the true bits; before every arrival at least one yellow token
@@ -761,7 +772,7 @@ def test_slta_held_answers_make_no_shortfall() -> None:
     """Issue 4's transient shortfall, by hand. Every message is held back while six tasks arrive and no task
     leaves, so the dispatcher learns nothing from the pools; but nothing happens that it does not know (it
     sent the tasks itself), so it must route and learn exactly as the paper's rules on the true state say
-    (jlmu_slta.md §5.2, §5.3).
+    (Goldsztajn et al. 2021, §3.2).
 
     By hand: task 1 takes pool 5's green token (class 2, other than i_{r-1}); task 2 takes pool 0's (class
     i_{r-1}; 0 -> 1 tasks < l_0 = 2, so the token stays); task 3 takes it again (1 -> 2, gone); tasks 4-6 take
@@ -832,7 +843,7 @@ def test_slta_late_report_counts_the_tasks_sent_since(elsewhere: bool) -> None:
         before, r = world.x.copy(), disp.r
         route = world.arrive()
         k = route.node
-        assert rank_of[(world.exp.node_class[k], before[k] + 1)] <= r, (k, before, r)  # §8.3 item 12
+        assert rank_of[(world.exp.node_class[k], before[k] + 1)] <= r, (k, before, r)  # Remark 1
         assert_picture_is_the_truth(world)
     assert world.x[0] == 2  # pool 0 took exactly the one task its token had room for
 
@@ -843,7 +854,7 @@ def test_slta_picture_under_random_delays(hold_tasks: bool) -> None:
     forwarded task) takes a random number of events to arrive, in any order, often dozens. The tasks sent
     to a pool and not yet arrived count as its tasks.
 
-    At every dispatch the task goes to a slot ranked at or above (i_r, j_r) (jlmu_slta.md §8.3 item 12;
+    At every dispatch the task goes to a slot ranked at or above (i_r, j_r) (Goldsztajn et al. 2021, Remark 1;
     the pool truly holds no more than the dispatcher counts), never at random (Remark 1: the dispatcher's
     picture always holds a yellow token); the picture never shows a token the pool lacks; r moves by at
     most one per arrival and only at arrivals. Whenever everything in flight has been delivered, the picture
@@ -1199,7 +1210,7 @@ def scheme_disp(policy: str, classes: list[dict[str, Any]], d: Any = None, seed:
     return World(experiment(classes, p, load=0.05), seed)
 
 
-# nodes 0-2 speed 2/3, nodes 3-5 speed 4/3 (hetero_ps.md §1: C = (2/3, 4/3))
+# nodes 0-2 speed 2/3, nodes 3-5 speed 4/3 (Mukhopadhyay et al. 2015, the capacities of Fig. 3)
 HETERO = [queue_class("slow", 3, "2/3"), queue_class("fast", 3, "4/3")]
 # the same with the fast class listed first: nodes 0-2 fast, 3-5 slow
 HETERO_FAST_FIRST = [queue_class("fast", 3, "4/3"), queue_class("slow", 3, "2/3")]

@@ -1,7 +1,8 @@
 """Statistical validation of the discrete-event simulator against what is known exactly.
 
 Every expected value below is computed by hand in this file (M/M/1, M/G/1-PS, E_k/M/1, Poisson occupancies,
-the greedy bound of jlmu_slta.md §3, rate balance), never by the code under test. Runs use fixed seeds.
+the greedy bound of docs/theory.md, "The `bounds` block", rate balance), never by the code under test. Runs
+use fixed seeds.
 
 Tolerances. A metric's ``ci95`` is the half-width of a 95% batch-means interval, t_{19} * s.e. ~ 2.09 s.e.
 with the default 20 batches. It is itself an estimate from 19 degrees of freedom (it can come out 25% low
@@ -44,7 +45,7 @@ K = 2.5
 
 EXP1 = {"dist": "exponential", "mean": 1.0}
 UNIFORM_SPEED = {"dist": "uniform", "low": 0.7, "high": 1.3}
-R_SMALL, R_LARGE = 20, 30  # u_i(x) = x ln(r_i / x), the Table 1 setting of jlmu_slta.md §6.1
+R_SMALL, R_LARGE = 20, 30  # u_i(x) = x ln(r_i / x), Table 1 of Goldsztajn et al. 2021 (§3.4.1)
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -142,12 +143,14 @@ def poisson_pmf(mean: float, x: int) -> float:
 
 
 def random_pool_utility(rho: float) -> float:
-    """jlmu_slta.md §8.1.4: under uniform random routing every pool holds Poisson(rho) tasks."""
+    """docs/theory.md, "`random` on pools": under uniform random routing every pool holds Poisson(rho)
+    tasks."""
     return sum(0.5 * poisson_pmf(rho, x) * (xlog(R_SMALL, x) + xlog(R_LARGE, x)) for x in range(200))
 
 
 def greedy_bound(x: float) -> tuple[float, int]:
-    """U*(x) and r* for the two equal classes (jlmu_slta.md §3, algorithm steps 2-4), written from scratch.
+    """U*(x) and r* for the two equal classes (docs/theory.md, "The `bounds` block", steps 2-4), written from
+    scratch.
 
     Slots (i, j) are ranked by marginal utility u_i(j) - u_i(j - 1), ties by (i, j); each class-i slot holds
     alpha_i = 1/2 task per pool; fill them in rank order until the load x is used up.
@@ -175,8 +178,9 @@ def completions_in_window(raw: RawRun) -> float:
     return float(raw.ratios["mean_sojourn"][1].sum())
 
 
-def test_hand_formulas_reproduce_the_notes() -> None:
-    """The test's own formulas give the numbers printed in jlmu_slta.md §6.1 and §8.1."""
+def test_hand_formulas_reproduce_the_reference_numbers() -> None:
+    """The test's own formulas give the numbers printed in docs/notes/pools.md ("The upper bound at selected
+    loads", "Uniform random routing")."""
     assert greedy_bound(9.75) == (pytest.approx(9.173116, abs=1e-6), 20)
     assert greedy_bound(10.0) == (pytest.approx(9.162907, abs=1e-6), 21)
     assert greedy_bound(5.0)[0] == pytest.approx(8.0472, abs=1e-4)
@@ -220,7 +224,7 @@ def test_pool_total_tasks_is_poisson(policy: str) -> None:
 
 
 def test_random_pools_are_independent_poisson() -> None:
-    """Random routing: every pool is M/M/inf with load rho (jlmu_slta.md §8.1.4)."""
+    """Random routing: every pool is M/M/inf with load rho (docs/theory.md, "`random` on pools")."""
     _, _, res = pool_run("random")
     m = res.metrics
     rho = 5.0
@@ -270,7 +274,8 @@ PS_CASES = {
 def test_random_ps_is_mg1_ps(case: str) -> None:
     """M/G/1-PS is insensitive: mean sojourn w/(C - lambda) per unit of work, P(X >= j) = rho^j.
 
-    (hetero_ps.md §3.5 for the two speeds: a type-i node is M/G/1-PS with arrival rate lambda.)
+    (docs/theory.md, "Baselines for the schemes", for the two speeds: a type-i node is M/G/1-PS with arrival
+    rate lambda.)
     """
     service, classes, lam = PS_CASES[case]
     exp, _, res = simulate(queue_spec("random", classes, load=lam, service=service, duration=4000, seed=12))
@@ -351,7 +356,7 @@ def het_run(policy: str, discipline: str, **policy_keys: Any) -> tuple[Experimen
 
 
 def check_idle_capacity(exp: Experiment, res: Result, label: str) -> None:
-    """(P1) of jsq_power_of_d.md §1.7, any stable policy: sum_k mu_k P(k idle) = sum_k mu_k - lambda_work."""
+    """docs/theory.md, "Flow balance", any stable policy: sum_k mu_k P(k idle) = sum_k mu_k - lambda_work."""
     speeds = exp.node_speeds  # the experiment's realised speeds: an input, not a prediction
     work_rate = exp.workload.load * exp.n  # spec: load is work per node and unit time
     check(res.metrics["idle_capacity"], sum(speeds) - work_rate, f"{label}: idle capacity", rel=0.15)
@@ -371,7 +376,8 @@ def test_idle_capacity_power_of_d_ps() -> None:
 
 
 def test_idle_capacity_scheme1_ps() -> None:
-    """Scheme 1 on the Fig. 3 cluster of hetero_ps.md (speeds 2/3 and 4/3, half each), d = (2, 2)."""
+    """Scheme 1 on the Fig. 3 cluster of Mukhopadhyay et al. 2015 (speeds 2/3 and 4/3, half each),
+    d = (2, 2)."""
     spec = queue_spec(
         "scheme1",
         [("slow", 25, "ps", "2/3"), ("fast", 25, "ps", "4/3")],
@@ -388,11 +394,12 @@ def test_idle_capacity_scheme1_ps() -> None:
 
 # ------------------------------------------------------------ 4-5. JLMU and SLTA at n = 400 (Table 1)
 
-TABLE1_BOUND = 9.173116  # u(q*) at rho = 9.75, jlmu_slta.md §6.1 / §8.1
+TABLE1_BOUND = 9.173116  # u(q*) at rho = 9.75, docs/notes/pools.md
 
 
 def check_pathwise_bound(exp: Experiment, raw: RawRun, label: str) -> None:
-    """jlmu_slta.md §8.1.2: u(q(t)) <= U*(s(t)) at every instant, so for every batch average, U* being
+    """docs/theory.md, "The `bounds` block": u(q(t)) <= U*(s(t)) at every instant, so for every batch average,
+    U* being
     concave: avg u <= avg U*(s) <= U*(avg s). A hard inequality, no statistics."""
     util, den_u = raw.ratios["utility"]
     tot, den_s = raw.ratios["tasks_in_system"]
@@ -403,24 +410,26 @@ def check_pathwise_bound(exp: Experiment, raw: RawRun, label: str) -> None:
 def test_jlmu_bound_and_near_optimality_n400() -> None:
     """JLMU at n = 400 (200 + 200 pools), rho = 9.75: within 0.5% of u(q*) and never above it.
 
-    The CTMC reference (jlmu_slta.md §8.4) has 9.17158 +- 0.00151 at n = 400, 0.0015 below the bound.
+    The exact-CTMC reference (docs/theory.md, "Reference runs: an exact CTMC of the pool policies") has
+    9.17158 +- 0.00151 at n = 400, 0.0015 below the bound.
     """
     spec = pool_spec("jlmu", per_class=200, load=9.75, warmup=10, duration=30, seed=5)
     exp, raws, res = simulate(spec)
     opt = pool_optimum(exp)
     assert opt.bound == pytest.approx(TABLE1_BOUND, abs=1e-6)
     assert opt.bound == pytest.approx(greedy_bound(9.75)[0], abs=1e-9)
-    assert opt.r_star == 20 and opt.thresholds == (8, 11)  # §6.1: r* = 20, l = (8, 11)
+    assert opt.r_star == 20 and opt.thresholds == (8, 11)  # docs/notes/pools.md: r* = 20, l = (8, 11)
     u = res.metrics["utility"]
     print(f"jlmu n=400: utility {u['value']:.6f} ± {u['ci95']:.2g}, bound {TABLE1_BOUND}")
     assert 0 < u["ci95"] < 0.01
     assert u["value"] <= TABLE1_BOUND + u["ci95"]  # Theorem 1
-    assert u["value"] >= 0.995 * TABLE1_BOUND  # random routing would give 8.47 (§8.1.4)
+    assert u["value"] >= 0.995 * TABLE1_BOUND  # random routing would give 8.47 (docs/notes/pools.md)
     check_pathwise_bound(exp, raws[0], "jlmu")
     assert res.extras["decisions"] == {"jlmu": arrivals_in_window(raws[0])}
 
 
-# Threshold for SLTA's time at r*. The notes report P(r = r*) = 0.787 at n = 400 (one run, T = 100). With this
+# Threshold for SLTA's time at r*. The exact-CTMC reference (docs/notes/pools.md) has P(r = r*) = 0.787 at
+# n = 400 (one run, T = 100). With this
 # test's design (two replications of T = 60, pooled) eight seeds gave 0.63-0.85, mean 0.77, sd 0.07; single
 # runs of T = 60 spread over 0.59-0.93. The fraction follows the slow fluctuations of the total load: runs
 # whose time-average s is high (9.80 for both replications of seed 6, the lowest at 0.63) spend more time at
@@ -440,7 +449,8 @@ def test_slta_learns_r_star_n400() -> None:
     assert sum(fractions.values()) == pytest.approx(1.0)
     assert fractions.get(str(r_star), 0.0) > SLTA_R_STAR_MIN_FRACTION
     assert all(abs(int(r) - r_star) <= 3 for r in fractions)
-    # invariants of jlmu_slta.md §8.3.12 with exact dispatcher state
+    # SLTA's invariants with exact dispatcher state (docs/theory.md, "SLTA: thresholds, tokens and
+    # dispatching")
     decisions = res.extras["decisions"]
     assert "random" not in decisions
     assert set(decisions) <= {"green_other", "green_prev", "yellow"}
@@ -602,8 +612,8 @@ def test_delayed_slta_completes_every_task() -> None:
 
 def test_delayed_slta_keeps_r_near_r_star() -> None:
     """What a working SLTA should still do with a delay of 1/20 of the mean service time: route by tokens and
-    keep r near r* (= 11 here). These are design expectations, not exact theory: jlmu_slta.md §8.3 states the
-    invariants only for exact dispatcher state."""
+    keep r near r* (= 11 here). These are design expectations, not exact theory: the paper's invariants
+    (Remark 1; docs/theory.md) hold for exact dispatcher state."""
     exp, raw, res = delayed_slta_run()
     r_star = greedy_bound(5.0)[1]
     assert r_star == 11 == pool_optimum(exp).r_star
@@ -618,10 +628,12 @@ def test_delayed_slta_keeps_r_near_r_star() -> None:
 # SLTA under delay (issue 4). The dispatcher's picture of a pool is the tasks it sent there less the
 # departures the pool has reported, so a task stays in the picture for one report delay after it leaves: the
 # picture is the paper's SLTA on tasks that last one delay longer, and r settles near r* of the load
-# rho (1 + delay / mean work) (jlmu_slta.md §3 applied to that load, computed here by greedy_bound).
+# rho (1 + delay / mean work) (docs/theory.md, "The `bounds` block", applied to that load, computed here by
+# greedy_bound).
 # JLMU's dispatcher counts the same way from its departure notices, so with the same delay it sees what
-# SLTA's sees; at n = 400 the two agree within noise with exact delivery (jlmu_slta.md §8.4: 9.17238 +-
-# 0.00182 and 9.17158 +- 0.00151), so with a delay they must agree too.
+# SLTA's sees; at n = 400 the two agree within noise with exact delivery (the exact-CTMC reference of
+# docs/theory.md, "Reference runs": 9.17238 +- 0.00182 and 9.17158 +- 0.00151), so with a delay they must
+# agree too.
 
 
 def delayed_slta_and_jlmu(delay: float, **keys: Any) -> dict[str, tuple[Experiment, RawRun, Result]]:
@@ -652,9 +664,9 @@ def check_like_jlmu(runs: dict[str, tuple[Experiment, RawRun, Result]], label: s
 
 #: share of the window SLTA's r may spend more than 2 ranks from r* of the delayed load, n = 40 and a delay
 #: of 1/4 of the mean work. A 16-seed sweep spent 0-1.8 % there (r over r*-1 .. r*+3 of that load, as the
-#: notes' §8.3 item 10 describes for small n with exact delivery); the earlier rule (used green tokens
-#: assumed gone until the pool answered) spent 55-98 %, with r climbing to r* + 19 and 1 % of the tasks
-#: routed at random.
+#: exact-CTMC reference shows for small n with exact delivery, docs/notes/pools.md); the earlier rule (used
+#: green tokens assumed gone until the pool answered) spent 55-98 %, with r climbing to r* + 19 and 1 % of the
+#: tasks routed at random.
 FAR_FROM_R_STAR_MAX = 0.1
 
 

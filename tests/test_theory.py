@@ -1,14 +1,16 @@
 """Tests of the theory side (``lbtestbed.analysis.theory`` and ``lbt predict``).
 
-Every expected number comes from the spec notes in ``/work/shared/spec`` (quoted as printed, with the section)
-or is computed by hand in this file (M/M/1, Pollaczek-Khinchine, GI/M/1, the SQ(d) tails, a greedy U*,
-the Euler recursion of the fluid model); none is taken from the code under test.
+Every expected number comes from the reference tables of ``docs/theory.md`` and ``docs/notes/`` (quoted as
+printed, with the table it comes from) or is computed by hand in this file (M/M/1, Pollaczek-Khinchine,
+GI/M/1, the SQ(d) tails, a greedy U*, the Euler recursion of the fluid model); none is taken from the code
+under test.
 
-Tolerances. A number quoted from the notes is checked to half a unit of its last printed digit (``quoted``):
-"0.0824" is 0.0824 +- 5e-5, "9.1e-13" is (9.1 +- 0.05)e-13. Numbers computed by hand are checked to 1e-9
-relative or tighter. Two places in the notes are rounded twice (a sojourn quantile of jsq_power_of_d.md §2.4
-and one utility of the §7.2 fluid table); their checks carry a documented extra slack. Simulations are
-compared through their confidence intervals (see the ``slow`` tests).
+Tolerances. A number quoted from those tables is checked to half a unit of its last printed digit
+(``quoted``): "0.0824" is 0.0824 +- 5e-5, "9.1e-13" is (9.1 +- 0.05)e-13. Numbers computed by hand are
+checked to 1e-9 relative or tighter. Two places in the tables are rounded twice (a sojourn quantile of
+docs/notes/queues.md and one utility of the fluid table of docs/notes/pools.md); their checks carry a
+documented extra slack. Simulations are compared through their confidence intervals (see the ``slow``
+tests).
 
 ``predict`` is timed on every example; the times are printed (``pytest -s``), attached to the test report
 (``record_property``), summarised on the terminal at the end of the module, and a run over one second only
@@ -64,7 +66,7 @@ PREDICT_SECONDS: dict[str, float] = {}
 
 
 def quoted(text: str) -> tuple[float, float]:
-    """A number as the notes print it, and half a unit of its last printed digit."""
+    """A number as the reference tables print it, and half a unit of its last printed digit."""
     mantissa, _, exponent = text.lower().partition("e")
     decimals = len(mantissa.partition(".")[2])
     scale = 10.0 ** int(exponent) if exponent else 1.0
@@ -76,7 +78,7 @@ def check_quoted(got: float | None, text: str, label: str, slack: float = 0.0) -
     value, tol = quoted(text)
     tol += slack + 1e-12 * max(1.0, abs(value))
     assert got is not None, f"{label}: no value (expected {text})"
-    assert abs(got - value) <= tol, f"{label}: got {got!r}, the notes print {text} (tolerance {tol:.3g})"
+    assert abs(got - value) <= tol, f"{label}: got {got!r}, the table prints {text} (tolerance {tol:.3g})"
 
 
 def close(got: float | None, exact: float, label: str, rel: float = 1e-9, abs_: float = 1e-12) -> None:
@@ -112,8 +114,8 @@ def queue_spec(
 
 
 def two_class_pools(n: int, rho: float, policy: str = "jlmu") -> Experiment:
-    """Table 1 of the JLMU/SLTA paper (jlmu_slta.md §6.1): alpha = (1/2, 1/2), u_i = x ln(r_i / x),
-    r = (20, 30)."""
+    """Table 1 of the JLMU/SLTA paper (Goldsztajn et al. 2021, §3.4.1): alpha = (1/2, 1/2),
+    u_i = x ln(r_i / x), r = (20, 30)."""
     extra = {"beta_scale": 1.0} if policy == "slta" else {}
     return parse_spec(
         {
@@ -144,7 +146,8 @@ def xlog(x: int, r: float) -> float:
 
 
 def greedy_bound(utilities: Sequence[Sequence[float]], alpha: Sequence[float], x: float) -> float:
-    """U*(x) by hand (jlmu_slta.md §3): fill the slots greedily by marginal utility (ties in i, j order).
+    """U*(x) by hand (docs/theory.md, "The `bounds` block"): fill the slots greedily by marginal utility
+    (ties in i, j order).
 
     ``utilities[i]`` lists u_i(0), u_i(1), ... far enough for the load x."""
     slots = [
@@ -166,7 +169,7 @@ TABLE1 = [[xlog(x, 20) for x in range(60)], [xlog(x, 30) for x in range(60)]]
 
 
 def sq_tail(lam: float, d: int, k: int) -> float:
-    """P_k = lambda^((d^k - 1)/(d - 1)) by hand (jsq_power_of_d.md §2.2); d = 1 is lambda^k."""
+    """P_k = lambda^((d^k - 1)/(d - 1)) by hand (Fittipaldi et al. 2018, eq. (1.1)); d = 1 is lambda^k."""
     return lam**k if d == 1 else lam ** ((d**k - 1) / (d - 1))
 
 
@@ -309,7 +312,8 @@ def test_cli_predict_subprocess_and_text() -> None:
     transient = data["transient"]
     assert transient and transient[0]["t"] == 0 and transient[0]["mass"] == 0
     rho = 9.75
-    for point in transient:  # s(t) = rho (1 - e^-t) and ||q - q*|| = rho e^-t from empty (§7.2)
+    # s(t) = rho (1 - e^-t) and ||q - q*|| = rho e^-t from empty (docs/theory.md, "`--transient`")
+    for point in transient:
         close(point["mass"], rho * (1 - math.exp(-point["t"])), "s(t)", abs_=1e-9)
         close(point["distance"], rho * math.exp(-point["t"]), "distance", abs_=1e-9)
     text = subprocess.run(
@@ -326,9 +330,9 @@ def test_cli_transient_refuses_queues(capsys: pytest.CaptureFixture[str]) -> Non
     assert "--transient" in capsys.readouterr().err
 
 
-# ------------------------------------------------------------ JSQ(d): the supermarket model (§2.2, §2.4)
+# ---------------------------------------------- JSQ(d): the supermarket model (Fittipaldi et al. 2018 (1.1))
 
-# jsq_power_of_d.md §2.4, "P_k (k = 2, 3, 4)"
+# docs/notes/queues.md, "JSQ(d): the mean-field tails P_k"
 PK_TABLE = {
     0.5: {2: ("0.125", "7.81e-3", "3.05e-5"), 3: ("0.0625", "1.22e-4", "9.1e-13"), 5: ("0.0156", "4.7e-10")},
     0.7: {2: ("0.343", "0.0824", "4.75e-3"), 3: ("0.2401", "9.69e-3", "6.4e-7"), 5: ("0.1176", "1.58e-5")},
@@ -351,7 +355,7 @@ def test_supermarket_tails_table(lam: float, d: int) -> None:
         close(tail_at(tails, k), sq_tail(lam, d, k), f"P_{k} by hand")
 
 
-# jsq_power_of_d.md §2.4, "Mean-field L, W, P(wait), FCFS-exp sojourn quantiles":
+# docs/notes/queues.md, "JSQ(d): L, W, P(wait) and the fcfs sojourn quantiles":
 # lambda, D, L, W, W - 1, P(wait), p50, p90, p99
 LW_TABLE = [
     (0.5, 1, "1", "2", "1", "0.5", "1.386", "4.605", "9.210"),
@@ -391,7 +395,7 @@ def test_supermarket_mean_field_table(row: tuple[Any, ...]) -> None:
         half_unit = quoted(text)[1]
         got = supermarket.fcfs_sojourn_quantile(lam, d, 1.0, q)
         check_quoted(got, text, f"sojourn q{q}", slack=QUANTILE_DOUBLE_ROUNDING * half_unit)
-    # by hand: W = sum_{i >= 1} lambda^((d^i - d)/(d - 1)) = 1 + sum_k P_k^d (§2.4; Mitzenmacher)
+    # by hand: W = sum_{i >= 1} lambda^((d^i - d)/(d - 1)) = 1 + sum_k P_k^d (Mitzenmacher 2001)
     if d == 1:
         by_hand = 1 / (1 - lam)
     else:
@@ -415,8 +419,8 @@ def test_supermarket_d1_is_mm1(lam: float) -> None:
 
 
 def test_predict_power_of_d_example() -> None:
-    """examples/power_of_d_jsq2.toml: JSQ(2), 100 fcfs nodes, lambda = 0.9 (jsq_power_of_d.md §2.4, §4,
-    §1.7)."""
+    """examples/power_of_d_jsq2.toml: JSQ(2), 100 fcfs nodes, lambda = 0.9 (docs/theory.md, "Reference numbers
+    for JSQ(d)", "What each policy sends", "Flow balance")."""
     r = predict(load_spec(ROOT / "examples" / "power_of_d_jsq2.toml"))
     check_quoted(r.value("mean_sojourn"), "2.614057", "W")
     check_quoted(r.value("mean_tasks_per_node"), "2.352652", "L")
@@ -427,10 +431,10 @@ def test_predict_power_of_d_example() -> None:
     tail = r.metrics["occupancy_tail"]["servers"]
     for k, text in enumerate(("1", "0.9", "0.729", "0.4783", "0.2059"), start=0):
         check_quoted(tail_at(tail, k), text, f"P_{k}")
-    assert r.value("messages_per_task") == 4.0  # 2d (§4)
+    assert r.value("messages_per_task") == 4.0  # 2d (docs/theory.md, "What each policy sends")
     assert r.value("idle_nodes") == pytest.approx(
         10.0, abs=1e-12
-    )  # n - lambda_tot, exact for any policy (§1.7 P1)
+    )  # n - lambda_tot, exact for any policy (docs/theory.md, "Flow balance")
     close(r.value("idle_capacity"), 10.0, "idle capacity")
     lr = predict(load_spec(ROOT / "examples" / "least_request.toml"))
     for metric, value in metric_values(lr).items():
@@ -462,8 +466,8 @@ def test_mm1_by_hand(a: float, speed: float, mean: float) -> None:
 
 
 def test_mg1_pollaczek_khinchine_quoted() -> None:
-    """jsq_power_of_d.md §2.4: random routing at lambda = 0.9, FCFS: P-K gives L = 4.95 (deterministic) and
-    21.15 (H2, SCV 4); PS gives L = 9 for every law."""
+    """docs/notes/queues.md, "Insensitivity of JSQ(2)": random routing at lambda = 0.9, FCFS: P-K gives
+    L = 4.95 (deterministic) and 21.15 (H2, SCV 4); PS gives L = 9 for every law."""
     det, h2 = _work("deterministic"), _work("hyperexponential", 1.0, 4.0)
     check_quoted(queues.mg1_fcfs(0.9, det, 1.0).mean_tasks, "4.95", "P-K deterministic")
     check_quoted(queues.mg1_fcfs(0.9, h2, 1.0).mean_tasks, "21.15", "P-K H2")
@@ -566,7 +570,7 @@ def test_predict_random_fcfs_is_mm1() -> None:
 
 
 def test_predict_random_hetero_by_hand() -> None:
-    """Uniform random routing over two speed classes: every node is M/M/1 with arrival lambda (§3)."""
+    """Uniform random routing over two speed classes: every node is M/M/1 with arrival lambda (textbook)."""
     classes = [
         {"name": "slow", "count": 50, "discipline": "ps", "speed": "2/3"},
         {"name": "fast", "count": 50, "discipline": "ps", "speed": "4/3"},
@@ -640,7 +644,8 @@ def test_power_of_one_equals_random(discipline: str, load: float, work: dict[str
 
 @pytest.mark.parametrize("policy", ["jsq", "jiq"])
 def test_homogeneous_jsq_jiq(policy: str) -> None:
-    """Equal speeds: E[#idle] = n - lambda_tot exactly (§1.7 P1); queueing vanishes at fixed load (§3)."""
+    """Equal speeds: E[#idle] = n - lambda_tot exactly (docs/theory.md, "Flow balance"); queueing vanishes at
+    fixed load (docs/theory.md, "Classical results for JSQ and JIQ")."""
     n, beta = 100, 1.0
     lam = n - beta * math.sqrt(n)  # Halfin-Whitt recipe: idle = beta sqrt(n) = 10 (c = 1)
     r = predict(queue_spec(policy, n=n, load=None, arrival_rate=lam))
@@ -651,10 +656,10 @@ def test_homogeneous_jsq_jiq(policy: str) -> None:
     assert r.value("wait_probability") == 0.0
     assert r.value("messages_per_task") == 1.0
     r = predict(load_spec(ROOT / "examples" / "jiq.toml"))
-    assert r.value("idle_nodes") == pytest.approx(5.0, abs=1e-12)  # the notes' "n - lambda_tot = 5"
+    assert r.value("idle_nodes") == pytest.approx(5.0, abs=1e-12)  # the example's "n - lambda_tot = 5"
 
 
-# ------------------------------------------------------- heterogeneous JSQ, Halfin-Whitt (§1.3, §1.7 P2)
+# ---------------------- heterogeneous JSQ, Halfin-Whitt (docs/theory.md, "Idle nodes in the diffusion limit")
 
 
 def _two_pool_jsq(tie_break: str) -> Experiment:
@@ -666,8 +671,9 @@ def _two_pool_jsq(tie_break: str) -> Experiment:
     return queue_spec("jsq", load=None, arrival_rate=90.0, classes=classes, tie_break=tie_break)
 
 
-# §1.7 (P2): "Two pools {0.5, 1.5} w.p. 1/2 (mean 1): JFSQ 2.0 beta, RR 0.8 beta, JSSQ 0.667 beta";
-# JFIQ has JFSQ's c = mu_min and LISF is totally blind like RR (§1.3 table).
+# docs/notes/queues.md, "Heterogeneous JSQ: fairness coefficients": two pools {0.5, 1.5} w.p. 1/2 (mean 1):
+# JFSQ 2.0 beta, RR 0.8 beta, JSSQ 0.667 beta; JFIQ has JFSQ's c = mu_min and LISF is totally blind like RR
+# (docs/theory.md, "Tie-breaking rules").
 TWO_POOL = {
     "fastest": ("2.0", 0.5),
     "fastest_idle": ("2.0", 0.5),
@@ -693,8 +699,9 @@ def test_halfin_whitt_two_pools(tie_break: str) -> None:
     assert r.value("messages_per_task") == 1.0
 
 
-# §1.3 / §1.7 (P2), U[0.7, 1.3]: E[#idle] = sqrt(n) beta / c with c = mu_min (JFSQ, JFIQ), E[mu^2]/E[mu]
-# (RR, LISF), mu_max (JSSQ); the notes print 1.4286 beta, 0.9709 beta and 0.7692 beta.
+# docs/theory.md, "Idle nodes in the diffusion limit", U[0.7, 1.3]: E[#idle] = sqrt(n) beta / c with
+# c = mu_min (JFSQ, JFIQ), E[mu^2]/E[mu] (RR, LISF), mu_max (JSSQ); it prints 1.4286 beta, 0.9709 beta and
+# 0.7692 beta.
 HW_EXAMPLES = {
     "jsq_hetero_fastest": "1.4286",
     "jsq_hetero_fastest_idle": "1.4286",
@@ -730,7 +737,7 @@ def test_halfin_whitt_uniform_speeds(stem: str) -> None:
     assert 0.7 <= c <= 1.3  # c = <iota, eta> lies in the rate support
 
 
-# ------------------------------------------------------------- server pools: optimum and bounds (§3, §6, §8)
+# ------------------------------------- server pools: optimum and bounds (docs/theory.md, docs/notes/pools.md)
 
 
 @pytest.mark.parametrize(
@@ -740,7 +747,8 @@ def test_halfin_whitt_uniform_speeds(stem: str) -> None:
 def test_pool_optimum_table1(
     rho: float, bound: str, r_star: int, sigma: tuple[int, int], fill: Fraction, thresholds: tuple[int, ...]
 ) -> None:
-    """jlmu_slta.md §6.1 / §8.3 item 10: U*, sigma* (1-based class in the notes), r*, q*(sigma*), l(r*)."""
+    """docs/notes/pools.md, "The ranking around the optimum": U*, sigma* (1-based class there), r*,
+    q*(sigma*), l(r*)."""
     opt = pool_optimum(two_class_pools(100, rho))
     check_quoted(opt.bound, bound, "u(q*)")
     close(opt.bound, greedy_bound(TABLE1, (0.5, 0.5), rho), "U* by hand")
@@ -752,7 +760,8 @@ def test_pool_optimum_table1(
     assert opt.alpha == (Fraction(1, 2), Fraction(1, 2))
 
 
-# §6.1 ranking around sigma*: k, (i_k, j_k) (1-based class), Delta(i_k, j_k - 1), C_k, l(k)
+# docs/notes/pools.md, "The ranking around the optimum": k, (i_k, j_k) (1-based class), Delta(i_k, j_k - 1),
+# C_k, l(k)
 RANKING_TABLE = [
     (16, (2, 10), "0.150368", "8.0", (6, 9)),
     (17, (1, 7), "0.124918", "8.5", (6, 10)),
@@ -788,7 +797,7 @@ def test_ranking_table1() -> None:
         assert ranking.thresholds(k) == ell, k
 
 
-# §6.1 "U*(rho) at selected loads"
+# docs/notes/pools.md, "The upper bound at selected loads"
 U_STAR = {1: "3.1985", 2: "5.0106", 5: "8.0472", 7.5: "9.0298", 9: "9.1925", 9.5: "9.1833", 9.75: "9.1731"}
 U_STAR |= {10: "9.1629", 10.5: "9.1008", 11: "9.0289"}
 
@@ -801,14 +810,14 @@ def test_bound_curve_selected_loads() -> None:
         exact, _, _ = curve.at(Fraction(str(x)))
         check_quoted(exact, text, f"U*.at({x})")
         close(exact, greedy_bound(TABLE1, (0.5, 0.5), x), f"U*({x}) by hand")
-    xs = np.linspace(0.0, 12.0, 97)  # concave and piecewise linear (§3)
+    xs = np.linspace(0.0, 12.0, 97)  # concave and piecewise linear (docs/theory.md)
     ys = curve(xs)
     assert np.all(np.diff(ys, 2) <= 1e-12)
     for x, y in zip(xs, ys, strict=True):
         close(float(y), greedy_bound(TABLE1, (0.5, 0.5), float(x)), f"U*({x})", abs_=1e-12)
 
 
-# §8.1 item 3: PJ_n = E[U*(N/n)], N ~ Poisson(n rho)
+# docs/notes/pools.md, "The Poisson–Jensen bound by n": PJ_n = E[U*(N/n)], N ~ Poisson(n rho)
 PJ_TABLE = {
     9.75: ("9.164027", "9.169055", "9.171599", "9.172590", "9.172826", "9.172897", "9.173068", "9.173097"),
     10.0: ("9.146536", "9.152054", "9.155424", "9.157278", "9.157945", "9.158200", "9.159186", "9.159579"),
@@ -828,7 +837,8 @@ def test_poisson_jensen_table(rho: float) -> None:
 
 
 def test_random_utility_quoted() -> None:
-    """§8.1 item 4: sum_i alpha_i E[u_i(Poisson(rho))] = 8.471980 (rho = 9.75) and 8.449383 (rho = 10)."""
+    """docs/notes/pools.md, "Uniform random routing": sum_i alpha_i E[u_i(Poisson(rho))] = 8.471980
+    (rho = 9.75) and 8.449383 (rho = 10)."""
     for rho, text in ((9.75, "8.471980"), (10.0, "8.449383")):
         check_quoted(random_utility(two_class_pools(100, rho, "random")), text, f"random utility {rho}")
         by_hand = sum(0.5 * sum(stats.poisson.pmf(x, rho) * xlog(x, r) for x in range(80)) for r in (20, 30))
@@ -848,7 +858,8 @@ def test_random_utility_quoted() -> None:
 @pytest.mark.parametrize("policy", ["jlmu", "slta"])
 @pytest.mark.parametrize("rho", [9.75, 10.0])
 def test_predict_pools_table1(policy: str, rho: float) -> None:
-    """§8.2 item 6, §8.3 item 10, §8.1: q* occupancies, r*, bounds and the M/G/inf totals."""
+    """docs/theory.md, "`jlmu` and `slta` on pools" and "Any policy, equal speeds": q* occupancies, r*, bounds
+    and the M/G/inf totals."""
     r = predict(two_class_pools(100, rho, policy))
     check_quoted(r.value("utility"), {9.75: "9.173116", 10.0: "9.162907"}[rho], "u(q*)")
     small = [tail_at(r.metrics["occupancy_tail"]["small"], k) for k in range(15)]
@@ -875,8 +886,9 @@ def test_predict_pools_table1(policy: str, rho: float) -> None:
     assert r.value("messages_per_task") == (1.0 if policy == "jlmu" else None)
 
 
-# §6.3 constructed example [C]: alpha = (1/4, 1/4, 1/2), u1(x) = x, u2 slope 6 for 5 tasks then 2 for 5 then
-# flat, u3 slope 3 for 10 tasks then flat; mean tasks per class and U* at four loads.
+# docs/notes/pools.md, "A constructed three-class example": alpha = (1/4, 1/4, 1/2), u1(x) = x, u2 slope 6
+# for 5 tasks then 2 for 5 then flat, u3 slope 3 for 10 tasks then flat; mean tasks per class and U* at four
+# loads.
 U1 = [0, 1]
 U2 = [0, 6, 12, 18, 24, 30, 32, 34, 36, 38, 40, 40]
 U3 = [0, 3, 6, 9, 12, 15, 18, 21, 24, 27, 30, 30]
@@ -928,8 +940,8 @@ def test_constructed_example(load: float, rank_order: str) -> None:
 
 @pytest.mark.parametrize(("rho", "floor_", "frac"), [(3.3, 3, 0.3), (7.5, 7, 0.5), (2.0, 2, 0.0)])
 def test_one_class_pools_reduce_to_jsq(rho: float, floor_: int, frac: float) -> None:
-    """m = 1: JLMU = JSQ, SLTA's threshold is floor(rho) (§5.3, §8.2 item 9): a fraction 1 - {rho} of the
-    pools hold floor(rho) tasks and {rho} hold floor(rho) + 1."""
+    """m = 1: JLMU = JSQ, SLTA's threshold is floor(rho) (docs/notes/pools.md, "One class"): a fraction
+    1 - {rho} of the pools hold floor(rho) tasks and {rho} hold floor(rho) + 1."""
 
     def spec(policy: str) -> Experiment:
         extra = {"beta_scale": 1.0} if policy == "slta" else {}
@@ -965,15 +977,16 @@ def test_one_class_pools_reduce_to_jsq(rho: float, floor_: int, frac: float) -> 
             assert r.value("slta_r") == floor_ + 1
 
 
-# --------------------------------------------------------------------- the JLMU fluid model (§7.2)
+# ------------------------------------------------ the JLMU fluid model (Goldsztajn et al. 2021 §4.1, (12))
 
 FLUID_T = (1, 2, 3, 4, 5, 6, 8, 10, 12)
 FLUID_S = ("6.1668", "8.4331", "9.2660", "9.5721", "9.6846", "9.7260", "9.7468", "9.7496", "9.7499")
 FLUID_U = ("8.6238", "9.1591", "9.1876", "9.1804", "9.1758", "9.1741", "9.1733", "9.1731", "9.1731")
 FLUID_D = ("3.583", "1.317", "0.484", "0.178", "0.065", "0.024", "0.0032", "0.0004", "0.00006")
-#: The table is the Euler scheme of §7.2 with step 0.002: s(1) = 6.1668 is rho (1 - 0.998^500), while the
-#: exact rho (1 - e^-1) is 6.1632. Its u at t = 8 prints 9.1733 for 9.17325 (the utility there is 9.1732484
-#: with that step, 9.1732495 exactly): a double rounding, which this slack absorbs.
+#: The table (docs/notes/pools.md) is the Euler scheme of docs/theory.md with step 0.002: s(1) = 6.1668 is
+#: rho (1 - 0.998^500), while the exact rho (1 - e^-1) is 6.1632. Its u at t = 8 prints 9.1733 for 9.17325
+#: (the utility there is 9.1732484 with that step, 9.1732495 exactly): a double rounding, which this slack
+#: absorbs.
 TABLE_STEP = 0.002
 DOUBLE_ROUNDING = 2e-6
 
@@ -984,7 +997,7 @@ def _euler_mass(rho: float, t: float, h: float) -> float:
 
 
 def test_fluid_table_is_euler_with_step_0002() -> None:
-    """The reading of the table that the next tests rely on (a check of the notes, by hand only)."""
+    """The reading of the table that the next tests rely on (a check of the table, by hand only)."""
     for t, s_text, u_text, d_text in zip(FLUID_T, FLUID_S, FLUID_U, FLUID_D, strict=True):
         s = _euler_mass(9.75, t, TABLE_STEP)
         check_quoted(s, s_text, f"Euler s({t})")
@@ -1024,7 +1037,7 @@ def _q_star_table1() -> np.ndarray:
 
 
 def _utility_of(q: np.ndarray) -> float:
-    """u(q) = sum_i sum_j u_i(j) [q(i, j) - q(i, j + 1)] (jlmu_slta.md §1)."""
+    """u(q) = sum_i sum_j u_i(j) [q(i, j) - q(i, j + 1)] (docs/theory.md, "The pool model")."""
     return sum(
         xlog(j, r) * (q[i, j] - q[i, j + 1]) for i, r in enumerate((20, 30)) for j in range(q.shape[1] - 1)
     )
@@ -1058,7 +1071,7 @@ def test_fluid_integrate_from_empty(step: float) -> None:
         check_quoted(distance, d_text, f"distance({t})", slack=ds)
 
 
-# ------------------------------------------------------------- Scheme 1 / Scheme 2 mean field (hetero_ps.md)
+# ----------------------------------- Scheme 1 / Scheme 2 mean field (Mukhopadhyay et al. 2015 (4.11), (4.12))
 
 SET_A = ((Fraction(2, 3), Fraction(4, 3)), (0.5, 0.5))
 SET_B = ((Fraction(1, 5), Fraction(9, 5)), (0.5, 0.5))
@@ -1072,8 +1085,8 @@ def _fp(
     return hetero_ps.fixed_point(list(caps), list(gam), list(d), lam, 1.0, scheme)
 
 
-# hetero_ps.md §6.1: set, d, scheme, lambda, "E[T] E[Q]", job shares, P1, P2 (types slow -> fast).
-# The notes print "0" for P2 in columns of 4 decimals: read as < 5e-5.
+# docs/notes/schemes.md, "Mean-field targets per type": set, d, scheme, lambda, "E[T] E[Q]", job shares, P1,
+# P2 (types slow -> fast). The table prints "0" for P2 in columns of 4 decimals: read as < 5e-5.
 FP_TABLE = [
     (SET_A, 2, 1, 0.5, "0.98089 0.49044", "0.2607 0.7393", "0.3910 0.5545", "2.8e-4 0.0351"),
     (SET_A, 2, 2, 0.5, "0.98081 0.49040", "0.2606 0.7394", "0.3909 0.5546", "4.6e-9 0.0352"),
@@ -1094,7 +1107,7 @@ FP_TABLE = [
 
 def _check_p(got: float, text: str, label: str) -> None:
     if text == "0":
-        assert 0.0 <= got < 5e-5, f"{label}: got {got!r}, the notes print 0"
+        assert 0.0 <= got < 5e-5, f"{label}: got {got!r}, the table prints 0"
     else:
         check_quoted(got, text, label)
 
@@ -1124,7 +1137,7 @@ def test_scheme_fixed_point_table(row: tuple[Any, ...]) -> None:
         close(fp.mean_sojourn[j], fp.mean_tasks[j] / (float(caps[j]) * tail_at(fp.tails[j], 1)), "E[T_j]")
         tail = fp.tails[j]
         assert all(a >= b for a, b in itertools.pairwise(tail))
-    # busy-capacity balance sum_j gamma_j C_j P1_j = lambda (§6.1 invariant, (4.13) at k = 0)
+    # busy-capacity balance sum_j gamma_j C_j P1_j = lambda (docs/notes/schemes.md; (4.13) at k = 0)
     close(
         sum(g * float(c) * tail_at(t, 1) for g, c, t in zip(gam, caps, fp.tails, strict=True)),
         lam,
@@ -1141,13 +1154,15 @@ def test_scheme_fixed_point_table(row: tuple[Any, ...]) -> None:
 
 
 def test_scheme2_slow_sojourn_is_one_over_c1() -> None:
-    """§6.1: under Scheme 2 with C = (1/5, 9/5) a slow server never holds 2 tasks: E[T_1] = 1/(mu C_1) = 5."""
+    """docs/notes/schemes.md: under Scheme 2 with C = (1/5, 9/5) a slow server never holds 2 tasks:
+    E[T_1] = 1/(mu C_1) = 5."""
     for lam in (0.5, 0.9):
         fp = _fp(*SET_B, (2, 2), lam, 2)
         close(fp.mean_sojourn[0], 5.0, "E[T_slow]", rel=1e-6)
 
 
-# hetero_ps.md §5 item 9: C = (1/5, 9/5), gamma = (1/2, 1/2), d_1 = d_2 in (1, 2, 3, 5, 10)
+# docs/notes/schemes.md, "E[T] as the probes grow": C = (1/5, 9/5), gamma = (1/2, 1/2),
+# d_1 = d_2 in (1, 2, 3, 5, 10)
 GROWTH_D = (1, 2, 3, 5, 10)
 GROWTH = {
     (0.5, 1): ("1.9416", "1.2056", "1.0325", "0.7447", "0.5677"),
@@ -1164,7 +1179,8 @@ def test_scheme_growth_in_d(lam: float, scheme: int) -> None:
     assert _fp(*SET_B, (10, 10), lam, scheme).overall_sojourn > 1 / 1.8  # -> 1/(mu C_M) from above
 
 
-# hetero_ps.md §4.1 (Fig. 3 setting, C = (2/3, 4/3)): S1/S2 for d = (1,1), (2,2), (3,3), at five loads
+# docs/notes/schemes.md, "The Fig. 3 capacities: E[T] by d and λ" (C = (2/3, 4/3)): S1/S2 for
+# d = (1,1), (2,2), (3,3), at five loads
 FIG3 = {
     0.1: ("0.8484", "0.8483", "0.7662", "0.7662", "0.7525", "0.7525"),
     0.5: ("1.2266", "1.2126", "0.9809", "0.9808", "0.9087", "0.9087"),
@@ -1179,7 +1195,7 @@ def test_scheme_fig3_table(lam: float) -> None:
     columns = [(d, s) for d in (1, 2, 3) for s in (1, 2)]
     for (d, scheme), text in zip(columns, FIG3[lam], strict=True):
         check_quoted(_fp(*SET_A, (d, d), lam, scheme).overall_sojourn, text, f"S{scheme} d = ({d},{d})")
-    if lam == 0.5:  # §6.2 A, the MF column at five decimals
+    if lam == 0.5:  # to five decimals (the mean-field column of "Finite N against the mean field")
         check_quoted(_fp(*SET_A, (1, 1), lam, 1).overall_sojourn, "1.22663", "S1 (1,1)")
         check_quoted(_fp(*SET_A, (1, 1), lam, 2).overall_sojourn, "1.21263", "S2 (1,1)")
 
@@ -1188,7 +1204,7 @@ def test_scheme_fig3_table(lam: float) -> None:
 @pytest.mark.parametrize(("d", "lam", "cap"), [(1, 0.5, 1), (2, 0.9, 1), (3, 0.7, 1), (2, 1.8, 2)])
 def test_scheme_one_type_is_sq_d(scheme: int, d: int, lam: float, cap: int) -> None:
     """M = 1: the fixed point is the supermarket P_k = rho^((d^k - 1)/(d - 1)), rho = lambda/(mu C)
-    (hetero_ps.md §3.4 item 7)."""
+    (docs/theory.md, "The mean field and its fixed point": M = 1 gives SQ(d))."""
     fp = hetero_ps.fixed_point([Fraction(cap)], [1.0], [d], lam, 1.0, scheme)
     rho = lam / cap
     tail = fp.tails[0]
@@ -1202,8 +1218,9 @@ def test_scheme_one_type_is_sq_d(scheme: int, d: int, lam: float, cap: int) -> N
 
 
 def test_scheme_one_type_d1_high_load() -> None:
-    """M = 1, d = 1 is M/M/1 at rho = lambda: P_k = 0.9^k, E[Q] = 9, E[T] = 10 (jsq_power_of_d.md §2.4 row
-    lambda = 0.9, D = 1; hetero_ps.md §3.4 item 7). The fixed point's residual must be tiny (§3.4 item 4)."""
+    """M = 1, d = 1 is M/M/1 at rho = lambda: P_k = 0.9^k, E[Q] = 9, E[T] = 10 (docs/notes/queues.md, row
+    lambda = 0.9, d = 1). The fixed point's residual must be tiny (docs/theory.md, "Numerical methods": the
+    Newton polish)."""
     fp = hetero_ps.fixed_point([Fraction(1)], [1.0], [1], 0.9, 1.0, 1)
     assert fp.residual < 1e-12, f"residual {fp.residual:.3g}"
     close(tail_at(fp.tails[0], 1), 0.9, "P1 = lambda (flow balance)", rel=1e-9)
@@ -1225,7 +1242,8 @@ def test_scheme_fixed_point_input_order_and_stability() -> None:
         hetero_ps.fixed_point([Fraction(2, 3), Fraction(4, 3)], [0.5, 0.5], [2, 2], 1.0, 1.0, 1)
 
 
-# predict on the scheme examples: E[T], per-class tails (§6.1), shares, idle nodes, messages (§7)
+# predict on the scheme examples: E[T], per-class tails (docs/notes/schemes.md), shares, idle nodes, messages
+# (docs/theory.md, "What each policy sends")
 SCHEME_EXAMPLES = {
     "scheme1_fig3": ("1.75499", "1.57949", ("0.3386", "0.6614"), ("0.9141", "0.8929"), ("0.5602", "0.6194")),
     "scheme2_fig3": ("1.74721", "1.57249", ("0.3182", "0.6818"), ("0.8590", "0.9205"), ("0.2595", "0.7143")),
@@ -1267,12 +1285,12 @@ def _t19() -> float:
 @pytest.mark.slow
 def test_simulated_jsq2_large_n_matches_mean_field() -> None:
     """JSQ(2), 1000 fcfs nodes, load 0.9, exponential work: mean tasks per node and mean sojourn within 1 % of
-    the mean field L = 2.352652, W = 2.614057 (jsq_power_of_d.md §2.4).
+    the mean field L = 2.352652, W = 2.614057 (docs/notes/queues.md).
 
     Two replications of 1500 model seconds after a warm-up of 50. Their batch-means standard errors combine
     to about 0.35 % of W, so the 1 % band is ~2.5-3 s.e.; the finite-N excess is small next to it (+0.8 % at
-    N = 200 in the §2.4 table, shrinking like 1/N: ~0.15 % at N = 1000). The check also requires the
-    combined s.e. to stay below 0.5 %, so that a wide interval cannot make it pass."""
+    N = 200 in the finite-N table of docs/notes/queues.md, shrinking like 1/N: ~0.15 % at N = 1000). The check
+    also requires the combined s.e. to stay below 0.5 %, so that a wide interval cannot make it pass."""
     exp = parse_spec(
         {
             "name": "jsq2-1000",
@@ -1304,11 +1322,11 @@ def test_simulated_jsq2_large_n_matches_mean_field() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize(("scheme", "mf_text"), [(1, "0.98089"), (2, "0.98081")])
 def test_simulated_schemes_n500_match_mean_field(scheme: int, mf_text: str) -> None:
-    """Scheme 1 / 2, C = (2/3, 4/3), gamma = (1/2, 1/2), d = (2, 2), lambda = 0.5, N = 500 (hetero_ps.md §6.1,
-    §6.2 A).
+    """Scheme 1 / 2, C = (2/3, 4/3), gamma = (1/2, 1/2), d = (2, 2), lambda = 0.5, N = 500
+    (docs/notes/schemes.md, "Mean-field targets per type" and "Finite N against the mean field").
 
     The simulator estimates the finite-N mean, which lies above the mean field by the finite-N excess:
-    < 0.5 % for N >= 50 at lambda = 0.5 and <= 0.6 % at N = 500 at any load in §6.2 (the notes' own N = 500
+    < 0.5 % for N >= 50 at lambda = 0.5 and <= 0.6 % at N = 500 at any load in that table (its own N = 500
     runs: 0.9805 +- .003 and 0.9831 +- .002 against 0.98089 / 0.98081). So the simulated mean must lie within
     its ci95 of the mean field plus at most that documented excess: |sim - mf| <= ci95 + 0.006 mf."""
     mf, _ = quoted(mf_text)

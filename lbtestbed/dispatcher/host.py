@@ -96,8 +96,8 @@ class DispatcherHost:
         self.lost_by_node: Counter[int] = Counter()
         self.in_flight = 0
         self.started = time.monotonic()
-        # integrals over model time, so that a window's time averages are exact (DESIGN principle 5): the
-        # tasks accepted and not yet answered (probes, forwarding and service included), and SLTA's r
+        # integrals over model time, so that a window's time averages are exact (docs/design.md, principle 5):
+        # the tasks accepted and not yet answered (probes, forwarding and service included), and SLTA's r
         self.present = TimeIntegral(self.started, self.scale)
         self.slta = self.policy if isinstance(self.policy, SLTADispatcher) else None
         self.r = TimeIntegral(self.started, self.scale, self.slta.r if self.slta is not None else 0)

@@ -1,4 +1,5 @@
-"""Utility functions of server pools (``jlmu_slta.md`` §1, §6).
+"""Utility functions of server pools (Goldsztajn et al. 2021, arXiv 2112.08958, §2.1; docs/theory.md,
+"The pool model").
 
 u(x) is the utility of a pool holding x tasks; ``delta(x) = u(x+1) - u(x)`` is the marginal utility of the
 slot the pool's next task would fill. Policies, simulator and theory share these objects, so all of them
@@ -11,7 +12,8 @@ import itertools
 import math
 from collections.abc import Sequence
 
-#: marginal utilities are rounded to this many decimals before they are compared (spec §2 "sort key")
+#: marginal utilities are rounded to this many decimals before they are compared (docs/theory.md, "Slots
+#: and their ranking": the sort key)
 TIE_DECIMALS = 12
 
 

@@ -1,4 +1,4 @@
-"""Tasks and the seeded workload that creates them (DESIGN principle 4: workloads are data)."""
+"""Tasks and the seeded workload that creates them (docs/design.md, principle 4: workloads are data)."""
 
 from __future__ import annotations
 

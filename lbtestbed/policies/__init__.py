@@ -1,4 +1,4 @@
-"""The policy library: a dispatcher side and a node side per policy (DESIGN principle 2)."""
+"""The policy library: a dispatcher side and a node side per policy (docs/design.md, principle 2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The two halves of every policy (DESIGN principle 2), in the sans-I/O style.
+"""The two halves of every policy (docs/design.md, principle 2), in the sans-I/O style.
 
 A *dispatcher side* picks a node for each task from the information it holds; a *node side* decides which
 state messages its node sends on local events. Neither owns a socket or reads a clock: events go in,

@@ -1,4 +1,5 @@
-"""Scheme 1 and Scheme 2 for heterogeneous processor-sharing clusters (``hetero_ps.md`` §2, §7).
+"""Scheme 1 and Scheme 2 for heterogeneous processor-sharing clusters (Mukhopadhyay et al. 2015, arXiv
+1502.05786, §2; docs/theory.md, "The two assignment rules" and "What each policy sends").
 
 Each task probes d_j distinct nodes of every class j and keeps, per class, the least occupied (uniform ties).
 Scheme 1 joins the kept node with the fewest tasks; Scheme 2 the one with the highest rate per task

@@ -1,4 +1,5 @@
-"""Join the idle queue (Lu et al. 2011; ``jsq_power_of_d.md`` §3-4).
+"""Join the idle queue (Lu et al. 2011; docs/theory.md, "Classical results for JSQ and JIQ", "What each
+policy sends").
 
 A node that becomes idle sends an idle token to one dispatcher (chosen uniformly when there are several).
 A dispatcher that holds tokens sends the task to one of their nodes and drops that token; with none it picks

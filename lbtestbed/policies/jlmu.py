@@ -1,4 +1,5 @@
-"""JLMU: join the largest marginal utility (``jlmu_slta.md`` §4).
+"""JLMU: join the largest marginal utility (Goldsztajn et al. 2021, arXiv 2112.08958, §3.1; docs/theory.md,
+"JLMU's dispatching rule").
 
 The task goes to the best-ranked slot that is open: a pool of class i holding j - 1 tasks, for the best
 (i, j) in the ranking. Within a class the best open slot belongs to the least loaded pools, so the dispatcher

@@ -1,6 +1,6 @@
 """Join the shortest queue with full state and the tie-breaking rules of the heterogeneous-JSQ paper.
 
-``jsq_power_of_d.md`` §1.2: among the nodes with the fewest tasks,
+Its rules (docs/theory.md, "Tie-breaking rules"): among the nodes with the fewest tasks,
   random        uniformly (RR, "random-JSQ"),
   fastest       the fastest (JFSQ), slowest: the slowest (JSSQ),
   longest_idle  the node idle the longest when some node is idle, else uniform (LISF),

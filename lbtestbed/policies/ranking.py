@@ -1,4 +1,5 @@
-"""The ranking of coordinates (slots) by marginal utility, ``jlmu_slta.md`` §2.
+"""The ranking of coordinates (slots) by marginal utility (Goldsztajn et al. 2021, arXiv 2112.08958, §2.3;
+docs/theory.md, "Slots and their ranking").
 
 Slot (i, j) of class i is the place a class-i pool holding j - 1 tasks offers to its next task; its value is
 the marginal utility delta_i(j - 1). The enumeration (i_1, j_1), (i_2, j_2), ... lists the slots from best to

@@ -1,4 +1,8 @@
-"""Power-of-d policies: JSQ(d) by probing (``jsq_power_of_d.md`` §2) and least-request over local counts."""
+"""Power-of-d policies: JSQ(d) by probing and least-request over local counts.
+
+JSQ(d) is the policy of Fittipaldi et al. 2018 (arXiv 1809.05373); docs/theory.md, "`power_of_d` and
+`least_request`: the supermarket model", gives its mean field and when least-request makes the same decisions.
+"""
 
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
-"""SLTA: self-learning threshold assignment (``jlmu_slta.md`` §5).
+"""SLTA: self-learning threshold assignment (Goldsztajn et al. 2021, arXiv 2112.08958, §3.2; docs/theory.md,
+"SLTA: thresholds, tokens and dispatching" and "SLTA's learning rule and the bound on beta").
 
 Thresholds l_i(r) come from the slot ranking and the learned index r. A class-i pool holding x tasks has a
-green token iff x < l_i(r), and a yellow token iff i = i_r and x < j_r. Dispatch priorities (§5.2): green
+green token iff x < l_i(r), and a yellow token iff i = i_r and x < j_r. Dispatch priorities (§3.2): green
 tokens of classes other than i_{r-1}, then green tokens of class i_{r-1}, then yellow tokens, then a uniformly
-random pool. Learning (§5.3), on the state just before the arrival and applied after the dispatch:
+random pool. Learning (§3.2), on the state just before the arrival and applied after the dispatch:
 r -> r - 1 when #green >= n beta and some green token is of class i_{r-1}; r -> r + 1 when #yellow <= 1 and
 #green = 0.
 
@@ -22,14 +23,14 @@ delay late:
   rho (1 + delay / mean work) (r* = 22 instead of 20 at rho = 9.75 with a delay of 0.1 mean works);
 - the utility is JLMU's under the same delay, whose dispatcher counts from the same delayed departures.
 
-This departs from the notes' §5.4, which keep two bits per pool and infer: after a task lands on a green pool
-the token is assumed gone unless the pool answers otherwise, a round trip later. Under any delay that
-picture runs short of tokens the pools hold; the learning rule read the shortfall as "no tokens" and raised
-r, and tasks went to yellow tokens or at random while green ones were free. Measured: with 8 pools and 256
-tasks in flight r ran to 1,288 and one task in six was routed at random; at n = 400 with a delay of 0.1
-mean works the utility fell to 9.051 (JLMU: 9.125). The price is memory: a task count per pool instead of
-two bits; the messages stay about one per task (at the optimum nearly every departure changes a token,
-so the notes' rule reports nearly every one as well).
+This departs from the messaging design of docs/theory.md, "SLTA's messages", which keeps two bits per pool and
+infers: after a task lands on a green pool the token is assumed gone unless the pool answers otherwise, a
+round trip later. Under any delay that picture runs short of tokens the pools hold; the learning rule read the
+shortfall as "no tokens" and raised r, and tasks went to yellow tokens or at random while green ones were
+free. Measured: with 8 pools and 256 tasks in flight r ran to 1,288 and one task in six was routed at random;
+at n = 400 with a delay of 0.1 mean works the utility fell to 9.051 (JLMU: 9.125). The price is memory: a task
+count per pool instead of two bits; the messages stay about one per task (at the optimum nearly every
+departure changes a token, so that design reports nearly every one as well).
 
 Messages. A token is (epoch, r, seq, green, yellow, x): the pool's epoch and r, ``seq`` its number of task
 events so far (arrivals plus departures), its bits under its r, and its task count x. ``seq`` orders a

@@ -1,4 +1,4 @@
-"""Dispatcher data structures with O(1) or O(log n) picks (jsq_power_of_d.md §4, jlmu_slta.md §5.4)."""
+"""Dispatcher data structures with O(1) or O(log n) picks (docs/theory.md, "What each policy sends")."""
 
 from __future__ import annotations
 

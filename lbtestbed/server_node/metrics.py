@@ -1,9 +1,9 @@
 """Prometheus metrics of a server-node process, read from the node models at scrape time.
 
-The time integrals of DESIGN principle 5 are exported as counters in model seconds, advanced to the scrape
-instant, so ``increase()`` over a window gives exact time averages: seconds with exactly k tasks per node,
-task-seconds and utility-seconds. Labels: node id, class name, k (bounded by the largest occupancy seen) and
-message kind (bounded by the policy).
+The time integrals of docs/design.md, principle 5, are exported as counters in model seconds, advanced to the
+scrape instant, so ``increase()`` over a window gives exact time averages: seconds with exactly k tasks per
+node, task-seconds and utility-seconds. Labels: node id, class name, k (bounded by the largest occupancy seen)
+and message kind (bounded by the policy).
 """
 
 from __future__ import annotations

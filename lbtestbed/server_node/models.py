@@ -1,11 +1,11 @@
-"""Node models: the service disciplines, written once against a clock (DESIGN principle 3).
+"""Node models: the service disciplines, written once against a clock (docs/design.md, principle 3).
 
 A model never reads a clock: every call carries ``now`` in model seconds. The simulator passes virtual time,
 the server node passes wall time divided by ``time_scale``. A driver asks ``next_completion()`` for the
 time of the next departure and calls ``complete(now)`` then; it must ask again after every completion and
 after every arrival that does not wait.
 
-Every model keeps the exact time integrals of DESIGN principle 5: seconds spent with exactly k tasks,
+Every model keeps the exact time integrals of docs/design.md, principle 5: seconds spent with exactly k tasks,
 task-seconds and utility-seconds, advanced at every change of occupancy.
 """
 

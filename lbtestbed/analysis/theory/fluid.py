@@ -1,9 +1,10 @@
-"""The JLMU fluid model (``jlmu_slta.md`` §7.2) and the warm-up it implies.
+"""The JLMU fluid model (Goldsztajn et al. 2021, arXiv 2112.08958, §4.1, (12)) and the warm-up it implies.
 
 From an empty system the fluid trajectory is the optimal assignment for the current mass,
-q(t) = q*(s(t)) with s(t) = rho (1 - e^(-mu t)); hence u(q(t)) = U*(s(t)) and ||q(t) - q*||_1 = rho e^(-mu t).
-``integrate`` solves equation (12) from any state with the operator-splitting Euler scheme of the notes, which
-checks the closed form and serves other starting points.
+q(t) = q*(s(t)) with s(t) = rho (1 - e^(-mu t)); hence u(q(t)) = U*(s(t)) and ||q(t) - q*||_1 = rho e^(-mu t)
+(derived in docs/theory.md, "`--transient`: the JLMU fluid trajectory from empty", with the warm-up rule).
+``integrate`` solves equation (12) from any state with the operator-splitting Euler scheme described there,
+which checks the closed form and serves other starting points.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Mean-field fixed point of Scheme 1 and Scheme 2 on heterogeneous ps clusters (hetero_ps.md §3).
+"""Mean-field fixed point of Scheme 1 and Scheme 2 on heterogeneous ps clusters (Mukhopadhyay et al. 2015,
+arXiv 1502.05786, §4; docs/theory.md, "The mean field and its fixed point").
 
 u[j][k] is the fraction of type-j servers with at least k tasks, types sorted by capacity C_1 < ... < C_M.
 The fixed point solves l(u) = 0 for the mean-field ODE (4.5) / (4.9); it is reached by integrating the ODE
@@ -91,7 +92,7 @@ def fixed_point(
     cf = np.array([float(c) for c in caps])
     M = len(caps)
     if lam >= mu * float(np.dot(gam, cf)):
-        raise ValueError("unstable: the arrival rate reaches the total capacity (hetero_ps.md (3.1))")
+        raise ValueError("unstable: the arrival rate reaches the total capacity (Mukhopadhyay et al. (3.1))")
     K = 32
     while True:
         rhs = _mean_field(caps, gam, dd, lam, mu, K, scheme)

@@ -1,10 +1,11 @@
-"""Server pools with utilities (jlmu_slta.md §1-§3, §7.2, §8.1).
+"""Server pools with utilities (Goldsztajn et al. 2021, arXiv 2112.08958, §2-§3; docs/theory.md, "Pools").
 
 The optimal fractional assignment q* fills slots greedily in ranking order: every slot ranked above sigma*
 is full, sigma* is partly filled, the rest are empty. Its utility u(q*) = U*(rho) bounds the mean utility of
 every policy for every n (Theorem 1); the sharper Poisson-Jensen bound E[U*(N/n)], N ~ Poisson(n rho),
-holds too (§3, "per-snapshot bound"). JLMU and SLTA converge to q* (Theorem 2, exponential work), SLTA's
-index to r*. Capacities and the load are exact fractions, because the integral case is an exact equality.
+holds too (derived in docs/theory.md, "The `bounds` block"). JLMU and SLTA converge to q* (Theorem 2,
+exponential work), SLTA's index to r*. Capacities and the load are exact fractions, because the integral
+case is an exact equality.
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ def pool_optimum(exp: Experiment) -> PoolOptimum:
 
 
 def poisson_jensen_bound(exp: Experiment) -> float:
-    """PJ_n = E[U*(N / n)], N ~ Poisson(n rho): a bound for every policy at this n (jlmu_slta.md §3)."""
+    """PJ_n = E[U*(N / n)], N ~ Poisson(n rho): a bound for every policy at this n (docs/theory.md)."""
     n = exp.n
     mean = n * float(pool_load(exp))
     lo = max(0, int(mean - 12 * math.sqrt(mean) - 10))

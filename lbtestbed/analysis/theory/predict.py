@@ -1,7 +1,8 @@
 """``lbt predict``: the stationary values the papers predict for a spec, with formulas and assumptions.
 
 Where no formula applies the metric stays null and a note says why; no number is invented. Notes name the
-formula, where it comes from (the spec notes in ``shared/spec`` or textbook queueing) and what it assumes.
+formula, where it comes from (a paper, textbook queueing, or a heading of ``docs/theory.md``, which states
+every formula with its source) and what it assumes.
 """
 
 from __future__ import annotations
@@ -38,9 +39,23 @@ QUEUE_METRICS = (
     "occupancy_tail",
 )
 
-JSQ_NOTES = "jsq_power_of_d.md"
-POOL_NOTES = "jlmu_slta.md"
-PS_NOTES = "hetero_ps.md"
+#: short citations for each note's ``source``; docs/theory.md, "Sources", gives the full references
+POOL_PAPER = "Goldsztajn et al. 2021 (arXiv 2112.08958)"
+PS_PAPER = "Mukhopadhyay et al. 2015 (arXiv 1502.05786)"
+POD_PAPER = "Fittipaldi et al. 2018 (arXiv 1809.05373)"
+HJSQ_PAPER = 'the heterogeneous-JSQ paper ("Load Balancing with Individually Heterogeneous Servers")'
+THEORY = "docs/theory.md"
+
+
+def _doc(heading: str) -> str:
+    """A citation of a section of docs/theory.md."""
+    return f'{THEORY}, "{heading}"'
+
+
+SENDS = _doc("What each policy sends")
+FLOW = _doc("Flow balance")
+SLTA_MESSAGES = _doc("SLTA's messages")
+BOUNDS = "The `bounds` block"
 
 
 class Prediction:
@@ -89,7 +104,7 @@ class Prediction:
             return (
                 "some class has no utility"
                 if any(c.utility is None for c in exp.classes)
-                else (f"no formula for the utility of {exp.policy.name} in the notes; the bounds still hold")
+                else (f"no formula for the utility of {exp.policy.name} in the papers; the bounds still hold")
             )
         if metric == "slta_r":
             return "only slta learns r"
@@ -99,7 +114,7 @@ class Prediction:
             return "pools have no capacity to leave idle"
         if metric in ("sojourn_p50", "sojourn_p99") and "ps" in discs:
             return "no closed form for the sojourn-time distribution on ps nodes"
-        return f"no formula in the notes covers {metric} for {exp.policy.name} on this spec"
+        return f"no formula in {THEORY} covers {metric} for {exp.policy.name} on this spec"
 
     def result(self) -> Result:
         exp = self.exp
@@ -180,7 +195,7 @@ def predict(exp: Experiment) -> Result:
         elif policy in ("scheme1", "scheme2"):
             _schemes(exp, p)
     else:
-        p.null_many(QUEUE_METRICS, "mixed pools and queues: no formula in the notes")
+        p.null_many(QUEUE_METRICS, "mixed pools and queues: no formula covers them together")
     if work.dist != "exponential":
         p.notes.append(
             {
@@ -202,24 +217,24 @@ def _messages(exp: Experiment) -> tuple[float | None, str, str, list[str]]:
         return 0.0, "no state messages", "policy definition", []
     if name == "power_of_d":
         assert isinstance(d, int)
-        return 2.0 * d, f"2d = {2 * d}: d probes and d replies", f"{JSQ_NOTES} §4", []
+        return 2.0 * d, f"2d = {2 * d}: d probes and d replies", SENDS, []
     if name in ("scheme1", "scheme2"):
         assert isinstance(d, tuple)
-        return 2.0 * sum(d), f"2 sum(d_j) = {2 * sum(d)}", f"{PS_NOTES} §7", []
+        return 2.0 * sum(d), f"2 sum(d_j) = {2 * sum(d)}", f"{PS_PAPER} §2; {SENDS}", []
     if name in ("jsq", "jlmu"):
-        return 1.0, "one departure notice per task", f"{JSQ_NOTES} §4, {POOL_NOTES} §4", []
+        return 1.0, "one departure notice per task", SENDS, []
     if name == "jiq":
         return (
             1.0,
             "1 - P(wait) idle tokens per task, -> 1 as n grows at load < 1",
-            f"{JSQ_NOTES} §4",
+            SENDS,
             ["large n", "load < 1", "one dispatcher"],
         )
     return (
         None,
         "SLTA has no closed form: about one token per task at q* plus corrections and epoch messages; "
-        f"the exact-CTMC reference gives 1.02-1.14 for n = 50..800 ({POOL_NOTES} §8.4)",
-        f"{POOL_NOTES} §5.4",
+        f"the exact-CTMC reference run for this project gives 1.02-1.14 for n = 50..800 ({SLTA_MESSAGES})",
+        SLTA_MESSAGES,
         [],
     )
 
@@ -233,7 +248,7 @@ def _pools(exp: Experiment, p: Prediction) -> None:
     if speed is None or pool_speed(exp) is None:
         why = (
             "pools of different speeds: the total is not Poisson independently of routing, and the bounds "
-            "and the JLMU/SLTA limits assume one service rate (jlmu_slta.md §1)"
+            f"and the JLMU/SLTA limits assume one service rate ({POOL_PAPER} §2.1)"
         )
         for metric in (
             "mean_sojourn",
@@ -249,7 +264,7 @@ def _pools(exp: Experiment, p: Prediction) -> None:
     es = work.mean / speed
     rho = exp.workload.arrival_rate * es / exp.n
     n = exp.n
-    src = f"{POOL_NOTES} §1, §8.1"
+    src = f"{POOL_PAPER} §2.1, §3.3; {_doc('Any policy, equal speeds')}"
     p.set("tasks_in_system", n * rho, "n rho: the total is M/G/inf, Poisson(n rho), under any policy", src)
     p.metrics["tasks_in_system"]["variance"] = {"value": n * rho, "ci95": None}
     p.set("mean_tasks_per_node", rho, "rho = lambda E[S] / n", src)
@@ -278,7 +293,7 @@ def _pools(exp: Experiment, p: Prediction) -> None:
             "q_star_fill": float(opt.fill),
             "integral_optimum": opt.integral,
             "thresholds_at_r_star": dict(zip(names, opt.thresholds, strict=True)),
-            "valid_for": "every policy and every n (Theorem 1; Poisson-Jensen: jlmu_slta.md §3)",
+            "valid_for": f"every policy and every n ({POOL_PAPER} Thm 1; Poisson-Jensen: {_doc(BOUNDS)})",
         }
     )
     policy = exp.policy.name
@@ -287,30 +302,30 @@ def _pools(exp: Experiment, p: Prediction) -> None:
             "utility",
             random_utility(exp),
             "sum_i alpha_i E[u_i(Poisson(rho))]",
-            f"{POOL_NOTES} §8.1 item 4",
+            _doc("`random` on pools"),
             ["uniform random routing: each pool is M/G/inf"],
         )
         for c in exp.classes:
-            p.tail(c.name, queues.poisson_tail(rho), "Poisson(rho) per pool", f"{POOL_NOTES} §8.1 item 4")
+            p.tail(c.name, queues.poisson_tail(rho), "Poisson(rho) per pool", _doc("`random` on pools"))
     elif policy in ("jlmu", "slta"):
         limit = ["n -> infinity (Theorem 2)", "exponential work"]
         if policy == "slta":
             limit.append("beta_n -> 0 with n^gamma beta_n bounded below")
             if opt.integral:
-                limit.append("the optimum is integral here, which the SLTA theory does not cover (§5.3)")
-        p.set("utility", opt.bound, "u(q*): the limit of the mean utility", f"{POOL_NOTES} §3, §7.1", limit)
+                limit.append(f"the optimum is integral here, outside the SLTA theory ({POOL_PAPER} §4.2.1)")
+        p.set("utility", opt.bound, "u(q*): the limit of the mean utility", f"{POOL_PAPER} Thm 2(c)", limit)
         for i, c in enumerate(exp.classes):
             p.tail(
                 c.name,
                 opt.class_tail(i),
                 "q*: l_i tasks per pool, sigma*'s slot in a fraction of class i*",
-                f"{POOL_NOTES} §3, §8.2 item 6",
+                f"{POOL_PAPER} (4), Thm 2",
                 limit,
             )
         if policy == "slta":
-            p.set("slta_r", opt.r_star, "r*: the rank of sigma*", f"{POOL_NOTES} §8.3 item 10", limit)
+            p.set("slta_r", opt.r_star, "r*: the rank of sigma*", f"{POOL_PAPER} Thm 2(b)", limit)
     else:
-        p.null("utility", f"{policy} on pools has no theory in the notes; the bounds above still hold")
+        p.null("utility", f"{policy} on pools has no theory in the papers; the bounds above still hold")
     p.bounds["warmup_needed"] = warmup_needed(exp)
 
 
@@ -328,7 +343,7 @@ def _queued_common(exp: Experiment, p: Prediction) -> None:
         "idle_capacity",
         capacity - exp.work_rate,
         "sum of speeds - work arrival rate: every node is busy a fraction (its work rate / its speed)",
-        f"{JSQ_NOTES} §1.7 (P1)",
+        FLOW,
         ["any stable policy", "fcfs or ps nodes (work conserving)"],
     )
     speed = _equal_speeds(exp)
@@ -337,7 +352,7 @@ def _queued_common(exp: Experiment, p: Prediction) -> None:
             "idle_nodes",
             exp.n - exp.work_rate / speed,
             "n - work rate / speed",
-            f"{JSQ_NOTES} §1.7 (P1)",
+            FLOW,
             ["any stable policy", "equal speeds"],
         )
 
@@ -357,7 +372,7 @@ def _static(
     p: Prediction,
     per_node: Callable[[float], queues.NodeQueue | None],
     formula: str = "M/G/1 per node (Pollaczek-Khinchine for fcfs, M/G/1-PS for ps)",
-    source: str = "textbook queueing; jsq_power_of_d.md §3",
+    source: str = "textbook queueing (M/G/1, M/G/1-PS)",
     assumes: Sequence[str] = (),
     wait_formula: str = "P(node busy) by PASTA",
 ) -> None:
@@ -456,14 +471,15 @@ def _supermarket(exp: Experiment, p: Prediction) -> None:
     if speed is None:
         p.null_many(
             QUEUE_METRICS,
-            "power-of-d with unequal speeds: not implemented (the notes' pool SQ(d) "
-            "baseline, hetero_ps.md §3.5, is not a prediction lbt makes)",
+            "power-of-d with unequal speeds: not implemented (the pool SQ(d) baseline of "
+            f"{_doc('Baselines for the schemes')}, is not a prediction lbt makes)",
         )
         return
     if disc == "fcfs" and work.dist != "exponential":
         p.null_many(
             QUEUE_METRICS,
-            "JSQ(d) on fcfs nodes is insensitive only for exponential work (jsq_power_of_d.md §2.4)",
+            "JSQ(d) on fcfs nodes is insensitive only for exponential work "
+            f"({_doc('Reference numbers for JSQ(d)')})",
         )
         return
     assert isinstance(exp.policy.d, int)
@@ -475,7 +491,7 @@ def _supermarket(exp: Experiment, p: Prediction) -> None:
         assumes.append(
             "one dispatcher: its in-flight counts are the queue lengths, so least_request is JSQ(d)"
         )
-    src = f"{JSQ_NOTES} §2.2, §2.4"
+    src = f"{POD_PAPER} eq. (1.1); Mitzenmacher 2001"
     tails = supermarket.tails(rho, d)
     L = sum(tails[1:])
     p.set("mean_tasks_per_node", L, f"L = sum_k P_k, P_k = rho^((d^k - 1)/(d - 1)), d = {d}", src, assumes)
@@ -501,7 +517,7 @@ def _join_idle(exp: Experiment, p: Prediction) -> None:
     work = exp.workload.service
     speed = _equal_speeds(exp)
     name = exp.policy.name
-    src = f"{JSQ_NOTES} §3"
+    src = f"Lu et al. 2011; Stolyar 2015; Foss & Stolyar 2017; {_doc('Classical results for JSQ and JIQ')}"
     if speed is not None:
         rho = exp.work_rate / (exp.n * speed)
         limit = ["n -> infinity at fixed load < 1 (queueing vanishes)"]
@@ -524,8 +540,8 @@ def _join_idle(exp: Experiment, p: Prediction) -> None:
         )
         return
     unequal = (
-        "unequal speeds: the notes give finite-n simulation tables (jsq_power_of_d.md §1.7 P6), no "
-        "formula for this metric"
+        f"unequal speeds: only finite-n simulation tables exist ({_doc('Finite-n reference: exact CTMC')}), "
+        "no formula for this metric"
     )
     p.null_many(QUEUE_METRICS, unequal)
     if name != "jsq":
@@ -551,7 +567,7 @@ def _join_idle(exp: Experiment, p: Prediction) -> None:
         "idle_nodes",
         math.sqrt(n) * beta / fairness,
         "sqrt(n) beta / c, c = <iota, eta> of the tie-break",
-        f"{JSQ_NOTES} §1.7 (P2)",
+        f"{HJSQ_PAPER} Thm 4.1; {_doc('Idle nodes in the diffusion limit')}",
         ["Halfin-Whitt diffusion limit", "exponential work", "approximation"],
     )
 
@@ -585,9 +601,9 @@ def _schemes(exp: Experiment, p: Prediction) -> None:
     mu = 1.0 / exp.workload.service.mean
     scheme = 1 if exp.policy.name == "scheme1" else 2
     fp = hetero_ps.fixed_point(caps, gam, exp.policy.d, lam, mu, scheme)
-    src = f"{PS_NOTES} §3.2, §3.4"
-    assumes = ["n -> infinity (mean field)", "ps: any work law (asymptotic insensitivity)"]
     eq = "(4.11)" if scheme == 1 else "(4.12)"
+    src = f"{PS_PAPER} {eq}, Thm 4.4; {_doc('The mean field and its fixed point')}"
+    assumes = ["n -> infinity (mean field)", "ps: any work law (asymptotic insensitivity)"]
     p.set(
         "mean_sojourn",
         fp.overall_sojourn,

@@ -1,8 +1,9 @@
-"""JSQ(d), the supermarket model (``jsq_power_of_d.md`` §2.2, §2.4).
+"""JSQ(d), the supermarket model (Fittipaldi et al. 2018, arXiv 1809.05373, eq. (1.1); Mitzenmacher 2001).
 
 Mean-field fixed point P_k = rho^((d^k - 1)/(d - 1)), the fraction of nodes with at least k tasks, for n
 identical nodes at load rho each. It holds for ps nodes under any work law (asymptotic insensitivity) and for
-fcfs nodes under exponential work; d = 1 is random routing (P_k = rho^k).
+fcfs nodes under exponential work; d = 1 is random routing (P_k = rho^k). The sojourn mixture below is
+derived in docs/theory.md, "`power_of_d` and `least_request`: the supermarket model".
 """
 
 from __future__ import annotations
