@@ -50,6 +50,7 @@ from lbtestbed.loadgen.openloop import LoadReport, drive
 from lbtestbed.model.spec import Experiment, SpecError, load_spec
 from lbtestbed.model.workload import PoissonWorkload
 from lbtestbed.transport.cluster_file import ClusterError, ClusterFile
+from lbtestbed.transport.http import HttpPool
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 LEAD_IN = 0.5  # wall seconds between the first sample of the idle cluster and model time 0
@@ -139,7 +140,7 @@ def proc_stats(pid: int) -> dict[str, float] | None:
 
 
 class LiveCounts:
-    """Requests started and ended by the generator's session, counted as they happen (aiohttp tracing).
+    """Requests started and ended by the generator's pools, counted as they happen (their observer).
 
     ``drive`` reports its counts only when a chunk is done; these give the balance at any instant.
     """
@@ -149,20 +150,13 @@ class LiveCounts:
         self.status: Counter[int] = Counter()
         self.errors = 0
 
-    def trace_config(self) -> aiohttp.TraceConfig:
-        tc = aiohttp.TraceConfig()
-        tc.on_request_start.append(self._start)
-        tc.on_request_end.append(self._end)
-        tc.on_request_exception.append(self._error)
-        return tc
-
-    async def _start(self, *_: Any) -> None:
+    def started(self) -> None:
         self.sent += 1
 
-    async def _end(self, _s: Any, _c: Any, params: aiohttp.TraceRequestEndParams) -> None:
-        self.status[params.response.status] += 1
+    def ended(self, status: int) -> None:
+        self.status[status] += 1
 
-    async def _error(self, *_: Any) -> None:
+    def failed(self) -> None:
         self.errors += 1
 
     def snapshot(self) -> dict[str, int]:
@@ -427,26 +421,19 @@ async def soak(cfg: Config, f: ClusterFile, book: Book, pids: dict[str, int], sa
     chunks: dict[int, asyncio.Task[LoadReport]] = {}
     collecting = gc.isenabled()
     gc.disable()  # held for the whole run, as drive() holds it for one long run (collect_young instead)
-    sessions = (
-        aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
-            skip_auto_headers=("User-Agent", "Accept-Encoding"),
-            trace_configs=[live.trace_config()],
-        ),
-        aiohttp.ClientSession(),  # metrics scrapes: not traced, so not counted as tasks
-    )
+    pools = [HttpPool(d, observer=live) for d in dispatchers]  # every chunk's tasks, counted live
+    sessions = (aiohttp.ClientSession(),)  # metrics scrapes: not counted as tasks
     ticker = asyncio.ensure_future(collect_young(stop))
     checks: list[dict[str, Any]] = []
     started = time.monotonic()
     try:
-        tasks_session, scrape_session = sessions
+        (scrape_session,) = sessions
         origin = time.monotonic() + LEAD_IN
 
         def launch(k: int) -> None:
             tasks = arrivals.until((k + 1) * S / scale)
             chunks[k] = asyncio.ensure_future(
-                drive(dispatchers, tasks, scale, cfg.max_outstanding, session=tasks_session, start=origin)
+                drive(dispatchers, tasks, scale, cfg.max_outstanding, start=origin, pools=pools)
             )
 
         def collect_finished() -> None:
@@ -526,6 +513,8 @@ async def soak(cfg: Config, f: ClusterFile, book: Book, pids: dict[str, int], sa
         ticker.cancel()
         for s in sessions:
             await s.close()
+        for pool in pools:
+            pool.close()
         if collecting:
             gc.enable()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -34,7 +34,14 @@ import pytest
 from prometheus_client import generate_latest
 
 import lbtestbed.dispatcher.host as dispatcher_module
-from lbtestbed.analysis.comparison.compare import Verdict, compare, compare_scalar, compare_tail, run_agrees
+from lbtestbed.analysis.comparison.compare import (
+    Side,
+    Verdict,
+    compare,
+    compare_scalar,
+    compare_tail,
+    run_agrees,
+)
 from lbtestbed.analysis.measurement.measure import cluster_raw
 from lbtestbed.analysis.measurement.scrape import Snapshot, from_query, parse
 from lbtestbed.analysis.report import plots
@@ -148,7 +155,7 @@ def test_tail_uses_the_bonferroni_level_of_the_points_compared() -> None:
     assert bonferroni(1) < 2.2 < bonferroni(4)
     assert four.agrees is True
     assert four.metric == "occupancy_tail[fast]"
-    assert "4 points" in four.why and f"z <= {bonferroni(4):.2f}" in four.why
+    assert "4 points" in four.why and f"|t| <= {bonferroni(4):.2f}" in four.why
     # the worst point is reported, with its own values
     assert (four.measured, four.expected, four.measured_ci95, four.expected_ci95) == (
         0.5 + off,
@@ -229,7 +236,7 @@ def test_limit_predictions_are_marked_and_do_not_count() -> None:
         mean_sojourn=est(3.0),
         idle_nodes=est(3.05),
     )
-    verdicts = compare(cluster, None, theory)
+    verdicts = compare(Side(cluster), Side(theory))
     by = {v.metric: v for v in verdicts}
     assert all(v.reference == "theory" for v in verdicts)
     assert by["mean_sojourn"].agrees is False and by["mean_sojourn"].counts is False
@@ -239,7 +246,9 @@ def test_limit_predictions_are_marked_and_do_not_count() -> None:
     assert by["idle_nodes"].agrees is True and by["idle_nodes"].counts is True
     assert run_agrees(verdicts)
     # the same numbers with the limit notes gone decide the run
-    plain = compare(cluster, None, result("theory", {"fast": tail((0.9, None))}, [], mean_sojourn=est(3.0)))
+    plain = compare(
+        Side(cluster), Side(result("theory", {"fast": tail((0.9, None))}, [], mean_sojourn=est(3.0)))
+    )
     assert not run_agrees(plain)
 
 
@@ -247,7 +256,7 @@ def test_compare_covers_both_references_in_table_order() -> None:
     cluster = result("cluster", {"fast": tail((0.5, 0.01))}, mean_sojourn=est(2.0, 0.1))
     sim = result("simulation", {"fast": tail((0.5, 0.01))}, mean_sojourn=est(2.0, 0.1))
     theory = result("theory", {"fast": []}, [], mean_sojourn=est(2.0))
-    verdicts = compare(cluster, sim, theory)
+    verdicts = compare(Side(cluster), Side(sim)) + compare(Side(cluster), Side(theory))
     refs = [v.reference for v in verdicts]
     assert refs == sorted(refs, key=["simulation", "theory"].index)  # simulation first, then theory
     metrics = [v.metric for v in verdicts if v.reference == "simulation"]
@@ -1009,28 +1018,38 @@ def run_report(limit: bool = True) -> report.RunReport:
         notes,
         **{**base, "mean_sojourn": est(2.5), "slta_r": est(None)},
     )
-    return report.build(exp, cluster, sim, theory, {"metrics_source": "scrape"}, ["a warning"])
+    return report.build(exp, Side(cluster), Side(sim), theory, {"metrics_source": "scrape"}, ["a warning"])
 
 
 def test_comparison_rows_have_every_metric_and_mark_limits() -> None:
     rep = run_report()
     rows = report.comparison_rows(rep)
-    assert rows[0] == ["metric", "unit", "cluster", "simulation", "verdict", "theory", "verdict"]
+    assert rows[0] == [
+        "metric",
+        "unit",
+        "cluster",
+        "simulation",
+        "cluster-sim",
+        "verdict",
+        "theory",
+        "verdict",
+    ]
     names = [r[0] for r in rows[1:]]
     assert sorted(names) == sorted([*SCALARS_BY_HAND, "occupancy_tail[fast]", "occupancy_tail[slow]"])
     by = {r[0]: r for r in rows[1:]}
-    assert all(len(r) == 7 for r in rows)
+    assert all(len(r) == 8 for r in rows)
     se = 0.5 / (0.1 / Z95)  # sojourn_p99 against the simulation: 0.5 apart, combined half-width .1
-    assert by["sojourn_p99"][4] == f"disagrees ({se:.1f} se)"
-    assert by["mean_sojourn"][4] == "agrees"
-    assert by["mean_sojourn"][6] == f"(disagrees ({0.5 / (0.06 / Z95):.1f} se), limit)"
+    assert by["sojourn_p99"][5] == f"disagrees ({se:.1f} se)"
+    assert by["sojourn_p99"][4] == "-0.5 ± 0.1"  # the gap and its interval (no batches here: unpaired)
+    assert by["mean_sojourn"][5] == "agrees"
+    assert by["mean_sojourn"][7] == f"(disagrees ({0.5 / (0.06 / Z95):.1f} se), limit)"
     assert by["mean_sojourn"][2].startswith("2 ± 0.06")
-    assert by["slta_r"][5:] == ["-", "-"]  # theory has no value: no verdict
-    assert by["occupancy_tail[fast]"][4] == "agrees"
+    assert by["slta_r"][6:] == ["-", "-"]  # theory has no value: no verdict
+    assert by["occupancy_tail[fast]"][5] == "agrees"
     assert rep.agrees is False
     # without the limit note the theory's verdict is plain
     plain = {r[0]: r for r in report.comparison_rows(run_report(limit=False))[1:]}
-    assert plain["mean_sojourn"][6] == f"disagrees ({0.5 / (0.06 / Z95):.1f} se)"
+    assert plain["mean_sojourn"][7] == f"disagrees ({0.5 / (0.06 / Z95):.1f} se)"
 
 
 def test_rows_without_any_value_are_left_out() -> None:
@@ -1038,7 +1057,9 @@ def test_rows_without_any_value_are_left_out() -> None:
     for r in (rep.cluster, rep.simulation, rep.theory):
         assert r is not None
         r.metrics["wait_probability"] = est(None)
-    rep.verdicts = compare(rep.cluster, rep.simulation, rep.theory)
+    rep.verdicts = compare(Side(rep.cluster), Side(rep.simulation)) + compare(
+        Side(rep.cluster), Side(rep.theory)
+    )
     names = [r[0] for r in report.comparison_rows(rep)[1:]]
     assert "wait_probability" not in names and "idle_nodes" in names
 
@@ -1051,7 +1072,7 @@ def test_markdown_opens_with_the_headline_and_the_table() -> None:
     assert lines[1] == ""
     assert lines[2].startswith("**DISAGREES: ") and "sojourn_p99 vs simulation" in lines[2]
     assert "mean_sojourn vs theory" not in lines[2]  # a limit prediction does not decide
-    assert lines[4] == "| metric | unit | cluster | simulation | verdict | theory | verdict |"
+    assert lines[4] == "| metric | unit | cluster | simulation | cluster-sim | verdict | theory | verdict |"
     assert "## Warnings" in lines and "- a warning" in lines
     assert "![occupancy_tail](occupancy_tail.png)" in lines and "![sojourn](sojourn.png)" in lines
     table_lines = [
@@ -1065,7 +1086,7 @@ def test_headline_agrees_when_nothing_that_counts_disagrees() -> None:
     rep.verdicts = [v for v in rep.verdicts if v.metric != "sojourn_p99"]
     counted = sum(1 for v in rep.verdicts if v.counts and v.agrees)
     assert report.headline(rep) == (
-        f"AGREES: all {counted} comparisons that count agree within their combined 95% intervals"
+        f"AGREES: all {counted} comparisons with the simulation and theory agree (within their 95% intervals)"
     )
     assert report.terminal(rep).splitlines()[-1] == report.headline(rep)
 
@@ -1075,7 +1096,9 @@ def test_results_json_is_strict_json(tmp_path: Path) -> None:
     assert rep.theory is not None
     rep.cluster.metrics["idle_nodes"] = est(3.0)  # no interval on either side, and different values
     rep.theory.metrics["idle_nodes"] = est(3.5)
-    rep.verdicts = compare(rep.cluster, rep.simulation, rep.theory)
+    rep.verdicts = compare(Side(rep.cluster), Side(rep.simulation)) + compare(
+        Side(rep.cluster), Side(rep.theory)
+    )
     raw = RawRun(batches=2, ratios={"tasks_in_system": (np.array([1.0, 2.0]), np.ones(2))})
     report.write(tmp_path, rep, {"cluster": raw}, [])
 
@@ -1090,7 +1113,7 @@ def test_slta_r_plot_without_a_simulation(tmp_path: Path) -> None:
     tails = {"small": tail((0.9, 0.01)), "large": tail((0.8, 0.01))}
     cluster = result("cluster", tails, slta_r=est(2.5, 0.1), utility=est(0.9, 0.01))
     theory = result("theory", tails, [], slta_r=est(2.4), utility=est(0.91))
-    rep = report.build(exp, cluster, None, theory, {}, [])
+    rep = report.build(exp, Side(cluster), None, theory, {}, [])
     raw = RawRun(batches=2, ratios={"utility": (np.array([0.9, 0.92]), np.ones(2))})
     files = report.write(tmp_path, rep, {"cluster": raw}, [(1.5, 2.0), (2.5, 3.0), (4.0, 2.0)])
     assert "slta_r.png" in [f.name for f in files]

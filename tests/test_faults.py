@@ -259,18 +259,20 @@ def test_a_paused_process_is_routed_around_and_its_tasks_complete(
     assert event["fresh"] is False  # same process, state kept
 
 
-def test_batches_outside_the_faults_agree_with_the_simulator(
+def test_batches_outside_the_faults_agree_with_the_twin(
     fault_run: tuple[int, dict[str, Any], Path],
 ) -> None:
+    """The run's verdict (cluster against its twin, paired) on the batches no fault disturbed."""
     _, doc, _ = fault_run
     excluded = _faults(doc)["batches_excluded"]
     # kill [85, 125] + 20 and pause [205, 285] + 60 over batches of 20 model s from 20 (faults start
     # between batch boundaries: a boundary's scrape racing a fault would also drop the batch before)
     assert excluded == [3, 4, 5, 6, 9, 10, 11, 12, 13, 14, 15, 16], excluded
-    against_sim = [v for v in doc["comparison"] if v["reference"] == "simulation" and v["counts"]]
-    assert against_sim, "nothing was compared"
-    assert all(v["verdict"] == "agrees" for v in against_sim), [
-        (v["metric"], v["verdict"]) for v in against_sim if v["verdict"] != "agrees"
+    deciding = [v for v in doc["comparison"] if v["counts"]]
+    assert deciding, "nothing was compared"
+    assert all(v["reference"] == "twin" and v["subject"] == "cluster" and v["paired"] for v in deciding)
+    assert all(v["verdict"] == "agrees" for v in deciding), [
+        (v["metric"], v["verdict"]) for v in deciding if v["verdict"] != "agrees"
     ]
 
 
@@ -387,15 +389,16 @@ def test_message_faults_and_a_dispatcher_restart_are_applied_and_accounted_for(
         )
 
 
-def test_outside_message_faults_the_run_agrees_with_the_simulator(messages_run: dict[str, Any]) -> None:
+def test_outside_message_faults_the_run_agrees_with_the_twin(messages_run: dict[str, Any]) -> None:
     """Half the departure reports lost, then every one duplicated, then the dispatcher restarted with the
-    nodes holding its predecessor's tasks: once each has settled, JSQ routes as the simulator does, which
-    it could not with a picture that kept lost departures (those nodes would look busy for good) or
-    counted duplicated ones twice."""
+    nodes holding its predecessor's tasks: once each has settled, JSQ routes as its twin (the simulation
+    with the run's measured delays, and no faults) does, which it could not with a picture that kept lost
+    departures (those nodes would look busy for good) or counted duplicated ones twice."""
     excluded = messages_run["results"]["cluster"]["faults"]["batches_excluded"]
     assert excluded == [3, 4, 5, 6, 7, 8, 9, 12, 13], excluded  # [85, 145], [165, 205], [265, 295]
-    against_sim = [v for v in messages_run["comparison"] if v["reference"] == "simulation" and v["counts"]]
-    assert against_sim
-    assert all(v["verdict"] == "agrees" for v in against_sim), [
-        (v["metric"], v["verdict"]) for v in against_sim if v["verdict"] != "agrees"
+    deciding = [v for v in messages_run["comparison"] if v["counts"]]
+    assert deciding
+    assert all(v["reference"] == "twin" and v["paired"] for v in deciding)
+    assert all(v["verdict"] == "agrees" for v in deciding), [
+        (v["metric"], v["verdict"]) for v in deciding if v["verdict"] != "agrees"
     ]

@@ -18,6 +18,7 @@ import copy
 import functools
 import json
 import re
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -418,6 +419,8 @@ async def test_live_answers_follow_the_documents(doc: dict[str, Any]) -> None:
             one = "/v1/nodes/1/messages"
             status, reply = await call(slta_nodes, "POST", node_messages, one, token=TOKEN, body=epoch)
             answer = {"kind": "token_epoch", "node": 1, "dispatcher": 0, "data": [1, 1, 0, *bits, 0]}
+            sent = reply["messages"][0].pop("sent")  # the node's monotonic clock when it answered
+            assert isinstance(sent, float) and 0 <= time.monotonic() - sent < 5
             assert (status, reply) == (200, {"ok": True, "applied": 1, "messages": [answer]})
             assert (await call(slta_nodes, "POST", node_messages, one, body=epoch))[0] == 401
             other = "/v1/nodes/0/messages"
@@ -437,9 +440,16 @@ async def test_live_answers_follow_the_documents(doc: dict[str, Any]) -> None:
             assert (await call(slta_nodes, "POST", node_messages, far, token=TOKEN, body=epoch))[0] == 404
             assert (await call(slta_nodes, "POST", node_messages, one, token=TOKEN, raw=big))[0] == 413
 
-            # health and metrics on both roles
+            # health, timings and metrics on both roles
             assert (await call(disp, "GET", "/v1/health"))[1]["policy"] == "jiq"
             assert (await call(nodes, "GET", "/v1/health"))[1]["nodes"] == [0, 1]
+            # the idle tokens that rode on the task replies above were stamped by the node: they have ages
+            status, timings = await call(disp, "GET", "/v1/timings")
+            assert status == 200 and timings["message_ages"] == {}
+            assert timings["rider_ages"]["idle_token"] and min(timings["rider_ages"]["idle_token"]) >= 0
+            # the epoch posted to the SLTA node above carried no stamp: applied, but with no age
+            status, timings = await call(slta_nodes, "GET", "/v1/timings")
+            assert status == 200 and timings == {"message_ages": {}, "rider_ages": {}, "time_scale": 0.01}
             status, text = await call(disp, "GET", "/metrics")
             # a JIQ dispatcher: every documented family but SLTA's own integral of r
             slta_only = {"lbtestbed_dispatcher_slta_r_model_seconds_total"}

@@ -1,11 +1,10 @@
-"""``lbt run`` end to end: a real cluster, the open-loop generator, the simulator and the theory.
+"""``lbt run`` end to end: a real cluster, the open-loop generator, the twin, the simulator and the theory.
 
-Each policy runs on a small cluster for under a minute of wall time. The checks recompute the agreement from
-the numbers in results.json (cluster value within the combined 95% interval of the simulator's), so they do
-not only trust the verdict words; the verdict words are checked against that recomputation. The specs use a
-time_scale at which the loopback overhead (a few ms per task and per message) is small against the model's
-time between events: at a faster clock the state messages of JIQ and SLTA lag measurably (see
-tests/test_cluster.py) and the report says "disagrees", as it should.
+Each policy runs on a small cluster for under a minute of wall time. The run's verdict is the cluster
+against its twin (the simulation of the same tasks with the delays the cluster measured), paired batch by
+batch. The checks recompute that comparison from the batch values in results.json (a paired t interval
+on the per-batch log ratios or differences), so they do not only trust the verdict words, and check the
+per-task legs against the sojourns they make up.
 """
 
 from __future__ import annotations
@@ -97,15 +96,36 @@ def lbt_run(spec: Path, out: Path, *extra: str) -> tuple[int, dict[str, Any], st
     return proc.returncode, json.loads(proc.stdout), proc.stderr
 
 
-def verdict(doc: dict[str, Any], metric: str, reference: str = "simulation") -> dict[str, Any]:
-    found = [v for v in doc["comparison"] if v["metric"] == metric and v["reference"] == reference]
-    assert len(found) == 1, (metric, reference)
+def verdict(
+    doc: dict[str, Any], metric: str, reference: str = "twin", subject: str = "cluster"
+) -> dict[str, Any]:
+    found = [
+        v
+        for v in doc["comparison"]
+        if v["metric"] == metric and v["reference"] == reference and v["subject"] == subject
+    ]
+    assert len(found) == 1, (metric, reference, subject)
     return found[0]
 
 
-def within_combined(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    half = math.hypot(a["ci95"] or 0.0, b["ci95"] or 0.0)
-    return abs(a["value"] - b["value"]) <= half
+LOG_SCALE = {"mean_sojourn", "sojourn_p50", "sojourn_p99", "mean_tasks_per_node", "tasks_in_system"}
+LOG_SCALE |= {"messages_per_task"}
+
+
+def paired_by_hand(doc: dict[str, Any], metric: str, a: str, b: str) -> tuple[float, float, int]:
+    """(mean, t half-width, df) of the per-batch log ratios (or differences) of ``metric`` between the
+    results ``a`` and ``b``, from their batch values."""
+    from scipy import stats
+
+    va = doc["results"][a]["batch_values"][metric]
+    vb = doc["results"][b]["batch_values"][metric]
+    common = sorted(va.keys() & vb.keys(), key=int)
+    log = metric in LOG_SCALE and all(va[k] > 0 and vb[k] > 0 for k in common)
+    d = [math.log(va[k] / vb[k]) if log else va[k] - vb[k] for k in common]
+    n = len(d)
+    mean = sum(d) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
+    return mean, float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n), n - 1
 
 
 @pytest.fixture(scope="module")
@@ -121,19 +141,27 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, dict[
 
 
 @pytest.mark.parametrize("policy", list(CASES))
-def test_cluster_agrees_with_the_simulator(
-    policy: str, runs: dict[str, tuple[int, dict[str, Any], Path]]
-) -> None:
+def test_cluster_agrees_with_its_twin(policy: str, runs: dict[str, tuple[int, dict[str, Any], Path]]) -> None:
     _, doc, _ = runs[policy]
-    cluster, sim = doc["results"]["cluster"]["metrics"], doc["results"]["simulation"]["metrics"]
+    cluster = doc["results"]["cluster"]["metrics"]
     headline = CASES[policy][2]
     for metric in (headline, "messages_per_task"):
         assert cluster[metric]["value"] is not None and cluster[metric]["ci95"] is not None, metric
-        assert within_combined(cluster[metric], sim[metric]), (metric, cluster[metric], sim[metric])
-        assert verdict(doc, metric)["verdict"] == "agrees"
+        v = verdict(doc, metric)
+        assert v["paired"] and v["counts"] and v["verdict"] == "agrees", v
+        mean, half, df = paired_by_hand(doc, metric, "cluster", "twin")
+        assert v["df"] == df == 9  # ten batches
+        if v["relative"] is not None:  # the log scale: the row gives exp(mean) - 1
+            assert v["relative"] == pytest.approx(math.expm1(mean), rel=1e-9, abs=1e-12)
+        else:
+            assert v["difference"] == pytest.approx(mean, rel=1e-9, abs=1e-12)
+            assert v["difference_ci95"] == pytest.approx(half, rel=1e-9)
     for name in cluster["occupancy_tail"]:
         v = verdict(doc, f"occupancy_tail[{name}]")
         assert v["verdict"] == "agrees", v
+    # the twin's cost to the policy is reported against the zero-delay simulation, not counted
+    cost = verdict(doc, headline, "simulation", "twin")
+    assert cost["paired"] and not cost["counts"]
     # every task came back, and the load generator kept its schedule well enough to count
     load = doc["results"]["cluster"]["load"]
     assert load["completed"] == load["scheduled"], load
@@ -172,7 +200,9 @@ def test_report_opens_with_the_comparison_and_has_the_plots(
     lines = text.splitlines()
     assert lines[0].startswith("# run-slta: slta")
     assert lines[2].startswith("**AGREES") or lines[2].startswith("**DISAGREES")
-    assert lines[4].startswith("| metric | unit | cluster | simulation | verdict | theory | verdict |")
+    header = "| metric | unit | cluster | twin | cluster-twin | verdict | simulation | net cost | theory |"
+    assert lines[4].startswith(header)
+    assert "cost this slta run" in text  # the network's cost to the policy, in a sentence
     for png in ("occupancy_tail", "over_time", "slta_r", "messages", "sojourn"):
         path = report / f"{png}.png"
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
@@ -180,6 +210,36 @@ def test_report_opens_with_the_comparison_and_has_the_plots(
     assert json.loads((report / "results.json").read_text())["name"] == "run-slta"
     # the SLTA r integral made it into the result, near the simulator's
     assert doc["results"]["cluster"]["metrics"]["slta_r"]["value"] is not None
+
+
+@pytest.mark.parametrize("policy", list(CASES))
+def test_the_legs_make_up_each_sojourn(
+    policy: str, runs: dict[str, tuple[int, dict[str, Any], Path]]
+) -> None:
+    """tasks.csv: every completed task's legs add up to its sojourn (one clock, docs/run.md), and the
+    overhead object summarises the same legs."""
+    import csv
+
+    _, doc, report = runs[policy]
+    with open(report / "tasks.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    load = doc["results"]["cluster"]["load"]
+    assert len(rows) == load["completed"] > 100
+    for r in rows:
+        parts = sum(float(r[k]) for k in ("arrive", "decide", "forward", "stay", "reply"))
+        assert parts == pytest.approx(float(r["sojourn"]), abs=1e-9), r
+        assert 0 <= float(r["late"]) <= float(r["arrive"])
+    legs = doc["results"]["cluster"]["overhead"]["legs"]
+    assert set(legs) == {"late", "to_dispatcher", "decide", "forward", "notify", "reply", "total"}
+    scale = CASES[policy][4]
+    total = sorted(float(r["sojourn"]) - float(r["stay"]) for r in rows)
+    assert legs["total"]["count"] == len(rows)
+    assert legs["total"]["p50_ms"] == pytest.approx(1e3 * scale * _median(total), rel=1e-6)
+
+
+def _median(xs: list[float]) -> float:
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
 def test_exit_code_follows_the_verdicts(runs: dict[str, tuple[int, dict[str, Any], Path]]) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 import numpy as np
+import orjson
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -30,11 +31,14 @@ from lbtestbed.model.spec import Experiment, seed_sequence, seeded_random
 from lbtestbed.policies import DISPATCHER_BOUND, MESSAGE_KINDS, Message, Probe, Route, make_dispatcher
 from lbtestbed.policies.slta import SLTADispatcher
 from lbtestbed.transport import wire
+from lbtestbed.transport.http import Peers
 from lbtestbed.transport.message_faults import MessageFaults
 
 log = logging.getLogger("lbtestbed.dispatcher")
 
 OUTCOMES = ("completed", "refused", "lost")
+#: dispatcher i draws its policy's random numbers from stream DISPATCHER_STREAM + i of the experiment
+DISPATCHER_STREAM = 1000
 
 
 def sojourn_buckets(exp: Experiment) -> list[float]:
@@ -74,7 +78,7 @@ class DispatcherHost:
         self.scale = exp.run.time_scale
         self.max_work = wire.MAX_WORK_MEANS * exp.workload.service.mean
         self.accepts = DISPATCHER_BOUND[exp.policy.name]
-        rng = seeded_random(exp.seed, "policy", 1000 + index)
+        rng = seeded_random(exp.seed, "policy", DISPATCHER_STREAM + index)
         self.policy = make_dispatcher(exp, rng, index, dispatchers)
         self.delay = None
         if exp.network.delay is not None:
@@ -101,7 +105,13 @@ class DispatcherHost:
         self.present = TimeIntegral(self.started, self.scale)
         self.slta = self.policy if isinstance(self.policy, SLTADispatcher) else None
         self.r = TimeIntegral(self.started, self.scale, self.slta.r if self.slta is not None else 0)
-        self.session: aiohttp.ClientSession | None = None
+        self.session: aiohttp.ClientSession | None = None  # health checks
+        # the task path's requests (forwards, probes, messages): lean kept-alive connections per process
+        self.peers = Peers(wire.bearer(token))
+        self.node_peer = [
+            (self.peers.pool(url.rsplit(f"{wire.PREFIX}/nodes/", 1)[0]), f"{wire.PREFIX}/nodes/{k}")
+            for k, url in enumerate(self.node_urls)
+        ]
         self.background: set[asyncio.Task[None]] = set()
         self.registry = CollectorRegistry(auto_describe=False)
         self.sojourn = Histogram(
@@ -115,6 +125,26 @@ class DispatcherHost:
             "Wall time from accepting a task to forwarding it (probes included)",
             buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25),
             registry=self.registry,
+        )
+        self.legs = Histogram(
+            "lbtestbed_dispatcher_leg_seconds",
+            "Wall time of each leg of a task's way at this dispatcher (docs/run.md, Where the time goes): "
+            "decide (accept to decision, probes included), to_node (forward to the node's arrival), "
+            "node_reply (the node's completion instant to its reply: timer error included), from_node "
+            "(the node's reply to the dispatcher reading it)",
+            ["leg"],
+            buckets=wire.WALL_BUCKETS,
+            registry=self.registry,
+        )
+        self.ages = wire.MessageAges(
+            Histogram(
+                "lbtestbed_dispatcher_message_age_seconds",
+                "Wall time from a state message's send to its apply at this dispatcher, by kind",
+                ["kind"],
+                buckets=wire.WALL_BUCKETS,
+                registry=self.registry,
+            ),
+            self.scale,
         )
         self.faults = MessageFaults(exp, index)
         self.health = Health(self)
@@ -133,6 +163,7 @@ class DispatcherHost:
             t.cancel()
         if self.session is not None:
             await self.session.close()
+        self.peers.close()
 
     def track_r(self) -> None:
         """Follow SLTA's r; called after every policy call that can change it."""
@@ -148,20 +179,15 @@ class DispatcherHost:
     async def _probe(self, k: int) -> int:
         """One probe and its reply (each delayed like any state message); an unreachable node looks full
         and is marked down (a paused one after the health timeout)."""
-        assert self.session is not None
         await self._sleep_delay()
         self.sent["probe"] += 1
+        pool, path = self.node_peer[k]
         try:
-            async with self.session.post(
-                f"{self.node_urls[k]}/probe",
-                headers=wire.bearer(self.token),
-                timeout=aiohttp.ClientTimeout(self.exp.health.timeout),
-            ) as resp:
-                body = await resp.json()
-                x = int(body["x"])
-        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as e:
+            _, raw = await pool.post(f"{path}/probe", b"{}", timeout=self.exp.health.timeout)
+            x = int(orjson.loads(raw)["x"])
+        except (OSError, TimeoutError, ValueError, KeyError, TypeError) as e:
             self.failures["probe"] += 1
-            if isinstance(e, aiohttp.ClientError | TimeoutError):
+            if isinstance(e, OSError | TimeoutError):
                 self.health.unreachable(k, f"probe failed: {str(e) or type(e).__name__}")
             return 1 << 30
         await self._sleep_delay()
@@ -184,25 +210,30 @@ class DispatcherHost:
             why = "no node is up" if self.health.ready.is_set() else "waiting for the nodes' first answers"
             return wire.error(503, f"dispatcher {self.index} takes no tasks now: {why}")
         self.present.add(1, accepted)
+        released = None
         try:
-            return await self._route(work, accepted)
+            response, released = await self._route(work, accepted)
+            return response
         finally:
-            self.present.add(-1, time.monotonic())
+            # the task leaves the dispatcher's count when its answer is ready (the twin's "leave")
+            self.present.add(-1, released if released is not None else time.monotonic())
 
-    async def _route(self, work: float, accepted: float) -> web.Response:
+    async def _route(self, work: float, accepted: float) -> tuple[web.Response, float]:
+        """Route, forward and answer one task; the answer and the monotonic instant it was ready."""
         decision = self.policy.dispatch()
         if isinstance(decision, Probe):
             replies = await asyncio.gather(*(self._probe(k) for k in decision.nodes))
             decision = self.policy.resolve(decision, list(replies))
         route: Route = decision
+        decided = time.monotonic()
         self.track_r()
         self.decisions[route.outcome] += 1
         self.in_flight += 1
         generation = self.health.generation[route.node]
         try:
-            forward = asyncio.ensure_future(self._forward(route, work, time.monotonic() - accepted))
+            forward = asyncio.ensure_future(self._forward(route, work, decided - accepted))
             self.send(route.messages)  # threshold updates follow the task they were decided with
-            status, reply = await forward
+            status, reply, forwarded, answered = await forward
             if self.delay_tasks:
                 await self._sleep_delay()  # the completion's way back, as in the simulator
         finally:
@@ -216,34 +247,62 @@ class DispatcherHost:
         if status == 0:
             self.health.unreachable(route.node, f"forward failed: {reply.get('error', '')}")
         if status == 200:
-            self._apply_riders(reply.pop("messages", None))
+            self._apply_riders(reply.pop("messages", None), answered)
             self.outcomes["completed"] += 1
             sojourn = (time.monotonic() - accepted) / self.scale
             self.sojourn.observe(sojourn)
-            return web.json_response({"node": route.node, "sojourn": sojourn, **reply})
+            legs = self._legs(reply, accepted, decided, forwarded, answered)
+            answer = {"node": route.node, "sojourn": sojourn, **reply, "legs": legs}
+            return web.Response(body=orjson.dumps(answer), content_type="application/json"), legs["released"]
         if status == 503:
             self.outcomes["refused"] += 1
-            return wire.error(
-                503, f"node {route.node} refused the task: {reply.get('error', '')}", node=route.node
-            )
+            why = f"node {route.node} refused the task: {reply.get('error', '')}"
+            return wire.error(503, why, node=route.node), time.monotonic()
         self.outcomes["lost"] += 1
         self.lost_by_node[route.node] += 1
-        return wire.error(502, f"task lost with node {route.node}: {reply.get('error', '')}", node=route.node)
+        why = f"task lost with node {route.node}: {reply.get('error', '')}"
+        return wire.error(502, why, node=route.node), time.monotonic()
 
-    async def _forward(self, route: Route, work: float, latency: float) -> tuple[int, dict[str, Any]]:
-        assert self.session is not None
+    async def _forward(
+        self, route: Route, work: float, latency: float
+    ) -> tuple[int, dict[str, Any], float, float]:
+        """Forward the task; (status, reply, monotonic instant it left, instant its reply was read)."""
         if self.delay_tasks:
             await self._sleep_delay()
         self.latency.observe(latency)
-        body = {"work": work, "origin": self.index, "piggyback": list(route.piggyback)}
+        body = orjson.dumps({"work": work, "origin": self.index, "piggyback": list(route.piggyback)})
+        pool, path = self.node_peer[route.node]
+        forwarded = time.monotonic()
         try:
-            async with self.session.post(
-                f"{self.node_urls[route.node]}/tasks", json=body, headers=wire.bearer(self.token)
-            ) as resp:
-                reply = await resp.json()
-                return resp.status, reply if isinstance(reply, dict) else {}
-        except (aiohttp.ClientError, TimeoutError, ValueError) as e:
-            return 0, {"error": str(e) or type(e).__name__}
+            status, raw = await pool.post(f"{path}/tasks", body)
+            answered = time.monotonic()
+            reply = orjson.loads(raw)
+            return status, reply if isinstance(reply, dict) else {}, forwarded, answered
+        except (OSError, TimeoutError, ValueError) as e:
+            return 0, {"error": str(e) or type(e).__name__}, forwarded, time.monotonic()
+
+    def _legs(
+        self, reply: dict[str, Any], accepted: float, decided: float, forwarded: float, answered: float
+    ) -> dict[str, float]:
+        """The task's way through this dispatcher and its node as monotonic instants (one machine's clock;
+        docs/run.md, "Where the time goes"), observed into the leg histograms on the way."""
+        legs = {"accepted": accepted, "decided": decided, "forwarded": forwarded, "answered": answered}
+        legs["released"] = time.monotonic()  # the answer is ready: the task leaves the dispatcher
+        try:
+            t0, scale = float(reply.pop("t0")), self.scale
+            arrived = t0 + float(reply["arrived"]) * scale
+            due = t0 + float(reply["completed"]) * scale
+            replied = float(reply.pop("replied"))
+            legs |= {"node_arrived": arrived, "node_due": due, "node_fired": float(reply.pop("fired"))}
+            legs["node_replied"] = replied
+        except (KeyError, TypeError, ValueError):
+            return legs  # a node that does not stamp (an older version): the legs it would give are missing
+        observe = self.legs.labels
+        observe("decide").observe(decided - accepted)
+        observe("to_node").observe(max(0.0, arrived - forwarded))
+        observe("node_reply").observe(max(0.0, replied - due))
+        observe("from_node").observe(max(0.0, answered - replied))
+        return legs
 
     # --------------------------------------------------------------------------------- messages
 
@@ -259,27 +318,25 @@ class DispatcherHost:
                 t.add_done_callback(self.background.discard)
 
     async def _post_message(self, m: Message, extra: float = 0.0) -> None:
-        assert self.session is not None
         if extra:
             await asyncio.sleep(extra * self.scale)
         await self._sleep_delay()
         self.sent[m.kind] += 1
+        pool, path = self.node_peer[m.node]
         try:
-            async with self.session.post(
-                f"{self.node_urls[m.node]}/messages",
-                json={"messages": [wire.message_to_json(m)]},
-                headers=wire.bearer(self.token),
-            ) as resp:
-                if resp.status != 200:
-                    self.failures[m.kind] += 1
-                    return
-                body = await resp.json()
-            self._apply_riders(body.get("messages") if isinstance(body, dict) else None)
-        except (aiohttp.ClientError, TimeoutError, ValueError):
+            body = orjson.dumps({"messages": [wire.message_to_json(m, time.monotonic())]})
+            status, raw = await pool.post(f"{path}/messages", body)
+            if status != 200:
+                self.failures[m.kind] += 1
+                return
+            reply = orjson.loads(raw)
+            self._apply_riders(reply.get("messages") if isinstance(reply, dict) else None, time.monotonic())
+        except (OSError, TimeoutError, ValueError):
             self.failures[m.kind] += 1
 
-    def _apply_riders(self, raw: Any) -> None:
-        """State messages that came back on the reply to a task or to a message of ours."""
+    def _apply_riders(self, raw: Any, received: float) -> None:
+        """State messages that came back on the reply to a task or to a message of ours (read at
+        ``received``, monotonic)."""
         if not isinstance(raw, list):
             return
         try:
@@ -288,7 +345,8 @@ class DispatcherHost:
             self.rejected["reply"] += 1
             log.warning("bad messages on a reply: %s", e)
             return
-        for m in msgs:
+        for m, obj in zip(msgs, raw, strict=True):
+            self.ages.observe(m.kind, wire.sent_at(obj), received, rider=True)
             if not 0 <= m.node < self.exp.n:
                 self.rejected[m.kind] += 1
                 log.warning("rejected %s message from unknown node %d on a reply", m.kind, m.node)
@@ -318,7 +376,9 @@ class DispatcherHost:
         for i, m in enumerate(msgs):
             if not 0 <= m.node < self.exp.n:
                 return wire.error(400, f"no node {m.node} in this cluster", f"messages[{i}].node")
+        now = time.monotonic()
         for i, m in enumerate(msgs):
+            self.ages.observe(m.kind, wire.sent_at(body["messages"][i]), now)
             if not self.health.node_up[m.node]:
                 self.health.ignored[m.kind] += 1  # its state is read afresh when it is back
                 continue
@@ -333,6 +393,10 @@ class DispatcherHost:
             self.track_r()
             self.send(out)
         return web.json_response({"ok": True, "applied": len(msgs)})
+
+    async def get_timings(self, request: web.Request) -> web.Response:
+        """The recent ages of the state messages applied here, by kind, in model seconds."""
+        return web.json_response({**self.ages.to_json(), "time_scale": self.scale})
 
     async def get_health(self, request: web.Request) -> web.Response:
         ready = self.health.ready.is_set()

@@ -21,14 +21,18 @@ from typing import Any
 
 import aiohttp
 
+from lbtestbed.analysis.comparison.compare import Side
 from lbtestbed.analysis.measurement.measure import NODE_CLOCK, cluster_raw
+from lbtestbed.analysis.measurement.overhead import overhead_of, write_records
 from lbtestbed.analysis.measurement.scrape import Snapshot, from_query, scrape
 from lbtestbed.analysis.report import run_report as report
 from lbtestbed.analysis.report.run_report import RunReport
 from lbtestbed.analysis.results.raw import RawRun
 from lbtestbed.analysis.results.result import Result, summarize
 from lbtestbed.analysis.results.statistics import ratio_estimate
+from lbtestbed.analysis.simulator.twin import Emulation, simulate_twin
 from lbtestbed.cluster.launcher import Cluster
+from lbtestbed.dispatcher.host import DISPATCHER_STREAM
 from lbtestbed.experiment.fault_injector import Injector, check
 from lbtestbed.loadgen.openloop import LoadReport, drive, poisson_tasks, write_trace
 from lbtestbed.model.spec import Experiment, SpecError
@@ -53,6 +57,11 @@ class Measurement:
     cluster: dict[str, Any] = field(default_factory=dict)  # endpoints, processes
     faults: list[dict[str, Any]] = field(default_factory=list)  # what the injector did, when
     health_events: list[dict[str, Any]] = field(default_factory=list)  # the dispatchers' down/up
+    tasks: list[tuple[float, float]] = field(default_factory=list)  # the trace sent
+    # the ages every process measured for the messages it applied, model seconds, pooled by kind: sent on
+    # their own request, and riding on the reply to one
+    message_ages: dict[str, list[float]] = field(default_factory=dict)
+    rider_ages: dict[str, list[float]] = field(default_factory=dict)
 
 
 def warmup_warning(exp: Experiment) -> str | None:
@@ -134,6 +143,22 @@ async def _health_events(
     return sorted(out, key=lambda e: e["model_time"])
 
 
+async def _timings(
+    session: aiohttp.ClientSession, f: ClusterFile
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Every process's recent message ages (``GET /v1/timings``), pooled by kind."""
+    own: dict[str, list[float]] = {}
+    riders: dict[str, list[float]] = {}
+    for e in f.dispatchers + f.node_hosts:
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
+            async with session.get(f"{e.url}/v1/timings", timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                body = await resp.json()
+            for into, key in ((own, "message_ages"), (riders, "rider_ages")):
+                for kind, ages in (body.get(key) or {}).items():
+                    into.setdefault(kind, []).extend(float(a) for a in ages)
+    return own, riders
+
+
 async def measure(
     exp: Experiment,
     f: ClusterFile,
@@ -183,6 +208,7 @@ async def measure(
             if injecting is not None:
                 await injecting
             events = await _health_events(session, f, origin_unix, scale) if faulty else []
+            own_ages, rider_ages = await _timings(session, f)
         finally:
             if sampler is not None:
                 sampler.cancel()
@@ -191,7 +217,13 @@ async def measure(
             if injecting is not None and not injecting.done():
                 injecting.cancel()
             injector.restore()
-    extra: dict[str, Any] = {"faults": injector.to_json(), "health_events": events}
+    extra: dict[str, Any] = {
+        "faults": injector.to_json(),
+        "health_events": events,
+        "tasks": list(tasks),
+        "message_ages": own_ages,
+        "rider_ages": rider_ages,
+    }
     if prometheus is None:
         return Measurement(snapshots, report, r_series=r_series, **extra)
     read = _from_prometheus(prometheus, instants, say)
@@ -388,6 +420,20 @@ def cluster_result(exp: Experiment, m: Measurement) -> tuple[Result, RawRun]:
     return result, raw
 
 
+def emulation_of(exp: Experiment, m: Measurement) -> Emulation:
+    """What the twin replays of a cluster run: its trace, every completed task's legs, message ages."""
+    legs = {r.t: (r.arrive, r.decide, r.forward, r.notify, r.reply, r.leave) for r in m.load.records}
+    # messages for a task's dispatcher ride on the task's reply unless the network is emulated
+    return Emulation(
+        m.tasks,
+        legs,
+        m.message_ages,
+        m.rider_ages,
+        riders=exp.network.delay is None,
+        policy_stream=DISPATCHER_STREAM,
+    )
+
+
 def run_experiment(
     exp: Experiment,
     directory: Path,
@@ -406,13 +452,19 @@ def run_experiment(
     directory.mkdir(parents=True, exist_ok=True)
     m = run_cluster(exp, directory, say, **cluster_options)
     cluster, raw = cluster_result(exp, m)
+    cluster.extras["overhead"] = overhead_of(m.load.records, exp.run.time_scale, m.message_ages, m.rider_ages)
+    write_records(directory / "tasks.csv", m.load.records)
     raws = {"cluster": raw}
-    simulation = None
+    simulation = twin = None
     if simulate:
         say("simulating the same tasks")
         sim_raw = simulate_once(exp)
         simulation = summarize(exp, [sim_raw])
         raws["simulation"] = sim_raw
+        say("simulating the twin: the same tasks with the delays the cluster measured")
+        twin_raw = simulate_twin(exp, emulation_of(exp, m))
+        twin = summarize(exp, [twin_raw], source="twin")
+        raws["twin"] = twin_raw
     theory = predict(exp)
     load = m.load.summary()
     if load["late_sends"] or load["dropped"]:
@@ -424,7 +476,15 @@ def run_experiment(
     if lost:
         warnings.append(f"{lost} tasks did not complete (refused, lost or failed): see results.json")
     context = {"metrics_source": m.source, "directory": str(directory)}
-    rep = report.build(exp, cluster, simulation, theory, context, warnings)
+    rep = report.build(
+        exp,
+        Side(cluster, raw),
+        Side(simulation, raws["simulation"]) if simulation is not None else None,
+        theory,
+        context,
+        warnings,
+        twin=Side(twin, raws["twin"]) if twin is not None else None,
+    )
     overhead = cluster.extras["network_overhead"]["value"]
     sojourn_off = [v for v in rep.verdicts if v.metric.startswith("sojourn") or v.metric == "mean_sojourn"]
     if overhead and any(v.counts and v.agrees is False for v in sojourn_off):

@@ -21,21 +21,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-import aiohttp
 import numpy as np
+import orjson
 import uvloop
-from yarl import URL
 
 from lbtestbed.model.spec import Experiment
 from lbtestbed.model.workload import PoissonWorkload
+from lbtestbed.transport.http import HttpPool
 from lbtestbed.transport.wire import PREFIX
 
 LATE = 0.002  # wall seconds: a send that leaves later than this after its intended time counts as late
 JSON_BODY = {"Content-Type": "application/json"}
 
 
+NAN = float("nan")
+
+
 class TaskRecord(NamedTuple):
-    """One completed task as the client saw it; times in model seconds."""
+    """One completed task as the client saw it; times in model seconds.
+
+    The legs (docs/run.md, "Where the time goes") add up: sojourn = arrive + decide + forward + stay +
+    reply. They come from the monotonic instants the dispatcher and the node put in the reply (one
+    machine's clock); NaN where a dispatcher or node did not stamp them."""
 
     t: float  # intended arrival time (model seconds from the start of the load)
     work: float
@@ -43,6 +50,34 @@ class TaskRecord(NamedTuple):
     sojourn: float  # from the intended send to the reply, network included
     stay: float  # at the node: from its arrival there to its completion
     waited: bool  # the node did not start serving it at once (fcfs)
+    late: float = NAN  # from the intended send to the request's start (the generator's lateness)
+    arrive: float = NAN  # from the intended send to the dispatcher accepting it
+    decide: float = NAN  # from the accept to the routing decision (probes included)
+    forward: float = NAN  # from the decision to the node's arrival instant
+    notify: float = NAN  # from the node's completion instant to the dispatcher reading the reply
+    reply: float = NAN  # from the node's completion instant to the client reading the reply
+    leave: float = NAN  # from the node's completion instant to the dispatcher's answer being ready
+
+
+def legs_of(
+    reply: dict[str, object], intended: float, sent: float, done: float, scale: float
+) -> tuple[float, ...]:
+    """(late, arrive, decide, forward, notify, reply, leave) in model seconds from a dispatcher's reply."""
+    stamps = reply.get("legs")
+    late = (sent - intended) / scale
+    if not isinstance(stamps, dict) or "node_due" not in stamps:
+        return (late, NAN, NAN, NAN, NAN, NAN, NAN)
+    s = {k: float(v) for k, v in stamps.items() if isinstance(v, int | float)}
+    due = s["node_due"]
+    return (
+        late,
+        (s["accepted"] - intended) / scale,
+        (s["decided"] - s["accepted"]) / scale,
+        (s["node_arrived"] - s["decided"]) / scale,
+        (s["answered"] - due) / scale,
+        (done - due) / scale,
+        (s["released"] - due) / scale,
+    )
 
 
 @dataclass
@@ -150,8 +185,8 @@ async def drive(
     time_scale: float,
     max_outstanding: int = 10_000,
     progress: Callable[[int, int], None] | None = None,
-    session: aiohttp.ClientSession | None = None,
     start: float | None = None,
+    pools: Sequence[HttpPool] | None = None,
 ) -> LoadReport:
     """Send ``tasks`` on their schedule, round robin over ``dispatchers``; return what happened.
 
@@ -160,41 +195,40 @@ async def drive(
     queued, and no send leaves before its intended time (uvloop's timers can fire up to 1 ms early).
     """
     report = LoadReport(scheduled=len(tasks))
-    own = session is None
-    if session is None:
-        session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
-            skip_auto_headers=("User-Agent", "Accept-Encoding"),  # the dispatcher reads neither
-        )
-    urls = [URL(f"{d}{PREFIX}/tasks") for d in dispatchers]  # parsed once, not on every request
+    own = pools is None  # a caller may share its pools (one per dispatcher) between drives
+    if pools is None:
+        pools = [HttpPool(d) for d in dispatchers]  # kept-alive connections: the task path's lean client
+    path = f"{PREFIX}/tasks"
     outstanding = 0
     pending: set[asyncio.Task[None]] = set()
 
     async def send(i: int, t: float, work: float, intended: float) -> None:
         nonlocal outstanding
-        lateness = time.monotonic() - intended
+        sent = time.monotonic()
+        lateness = sent - intended
         report.lateness.append(lateness)
         if lateness > LATE:
             report.late += 1
         try:
             body = b'{"work": %r}' % work  # repr of a finite float is a JSON number
-            async with session.post(urls[i % len(urls)], data=body, headers=JSON_BODY) as resp:
-                raw = await resp.read()
-                done = time.monotonic()
-                if resp.status == 200:
-                    reply = json.loads(raw)
-                    report.outcomes["completed"] += 1
-                    sojourn = (done - intended) / time_scale
-                    report.sojourns.append(sojourn)
-                    stay = float(reply.get("completed", 0.0)) - float(reply.get("arrived", 0.0))
-                    node = int(reply.get("node", -1))
-                    report.records.append(TaskRecord(t, work, node, sojourn, stay, bool(reply.get("waited"))))
-                else:
-                    outcome = {503: "refused", 502: "lost"}.get(resp.status, "failed")
-                    report.outcomes[outcome] += 1
-                    report.failures.append((t, outcome, _node_of(raw)))
-        except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError, TypeError):
+            status, raw = await pools[i % len(pools)].post(path, body)
+            done = time.monotonic()
+            if status == 200:
+                reply = orjson.loads(raw)
+                report.outcomes["completed"] += 1
+                sojourn = (done - intended) / time_scale
+                report.sojourns.append(sojourn)
+                stay = float(reply.get("completed", 0.0)) - float(reply.get("arrived", 0.0))
+                node = int(reply.get("node", -1))
+                legs = legs_of(reply, intended, sent, done, time_scale)
+                report.records.append(
+                    TaskRecord(t, work, node, sojourn, stay, bool(reply.get("waited")), *legs)
+                )
+            else:
+                outcome = {503: "refused", 502: "lost"}.get(status, "failed")
+                report.outcomes[outcome] += 1
+                report.failures.append((t, outcome, _node_of(raw)))
+        except (OSError, TimeoutError, ValueError, AttributeError, TypeError):
             report.outcomes["failed"] += 1
             report.failures.append((t, "failed", -1))
         finally:
@@ -233,8 +267,8 @@ async def drive(
         collector.close()
         report.wall_seconds = time.monotonic() - start
         report.model_seconds = report.wall_seconds / time_scale
-        if own:
-            await session.close()
+        for pool in pools if own else ():
+            pool.close()
     return report
 
 

@@ -18,9 +18,10 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-import aiohttp
 import numpy as np
+import orjson
 from aiohttp import web
+from prometheus_client import CollectorRegistry, Histogram
 
 from lbtestbed.model.distributions import BlockSampler
 from lbtestbed.model.spec import Experiment, seed_sequence, seeded_random
@@ -28,6 +29,7 @@ from lbtestbed.model.workload import Task
 from lbtestbed.policies import DISPATCHER_BOUND, NODE_BOUND, Message, NodeSide, make_node_sides
 from lbtestbed.server_node.models import INF, NodeModel, make_node
 from lbtestbed.transport import wire
+from lbtestbed.transport.http import Peers
 from lbtestbed.transport.message_faults import MessageFaults
 
 log = logging.getLogger("lbtestbed.server_node")
@@ -65,7 +67,9 @@ class NodeHost:
             )
         self.timers: dict[int, asyncio.TimerHandle] = {}
         self.scheduled: dict[int, float] = {}
-        self.waiting: dict[int, asyncio.Future[tuple[float, list[Message]]]] = {}
+        # a task's request waits for (model completion time, messages riding on the reply, wall time the
+        # completion ran: the timer's lateness is that minus the completion's own wall time)
+        self.waiting: dict[int, asyncio.Future[tuple[float, list[Message], float]]] = {}
         self.task_ids = itertools.count(1)
         self.sent: Counter[str] = Counter()
         self.piggybacked: Counter[str] = Counter()  # of those sent, how many rode on a task's reply
@@ -73,7 +77,7 @@ class NodeHost:
         self.send_failures: Counter[str] = Counter({k: 0 for k in DISPATCHER_BOUND[exp.policy.name]})
         self.received: Counter[str] = Counter()
         self.refused: Counter[int] = Counter()
-        self.session: aiohttp.ClientSession | None = None
+        self.peers = Peers(wire.bearer(token))  # to the dispatchers: state messages
         self.loop: asyncio.AbstractEventLoop | None = None
         self.t0 = 0.0
         self.background: set[asyncio.Task[None]] = set()
@@ -82,6 +86,25 @@ class NodeHost:
         self.incarnation = time.time_ns() // 1000
         self.faults = MessageFaults(exp, 1000 + self.ids[0])
         self.heartbeats = 0  # state reports served
+        # the collector of metrics.py reads the rest of the state at scrape time; these observe events
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.collected = False  # whether metrics.registry_for registered its collector
+        self.lateness = Histogram(
+            "lbtestbed_node_timer_lateness_seconds",
+            "Wall time from a task's completion instant to the moment the node completed it (timer error)",
+            buckets=wire.WALL_BUCKETS,
+            registry=self.registry,
+        )
+        self.ages = wire.MessageAges(
+            Histogram(
+                "lbtestbed_node_message_age_seconds",
+                "Wall time from a state message's send to its apply at this node, by kind",
+                ["kind"],
+                buckets=wire.WALL_BUCKETS,
+                registry=self.registry,
+            ),
+            self.scale,
+        )
 
     # ------------------------------------------------------------------------------------------ clock
 
@@ -93,17 +116,13 @@ class NodeHost:
             self.models[k] = make_node(
                 self.exp.classes[c].discipline, self.exp.node_speeds[k], self.exp.classes[c].utility, 0.0
             )
-        self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=256), timeout=aiohttp.ClientTimeout(total=30)
-        )
 
     async def stop(self) -> None:
         for h in self.timers.values():
             h.cancel()
         for t in list(self.background):
             t.cancel()
-        if self.session is not None:
-            await self.session.close()
+        self.peers.close()
 
     def now(self) -> float:
         """Model time, from the monotonic clock (uvloop's loop clock has only millisecond resolution)."""
@@ -161,10 +180,10 @@ class NodeHost:
             for m in ride:
                 self.sent[m.kind] += 1
                 self.piggybacked[m.kind] += 1
-            fut.set_result((t, ride))
+            fut.set_result((t, ride, time.monotonic()))
             msgs = tuple(m for m in msgs if m.dispatcher != task.origin)
         elif fut is not None and not fut.done():
-            fut.set_result((t, []))
+            fut.set_result((t, [], time.monotonic()))
         self._send(msgs)
 
     # --------------------------------------------------------------------------------------- messages
@@ -191,17 +210,15 @@ class NodeHost:
         if not 0 <= m.dispatcher < len(self.dispatchers):
             self.send_failures[m.kind] += 1
             return
-        assert self.session is not None
-        url = f"{self.dispatchers[m.dispatcher]}{wire.PREFIX}/messages"
+        url = self.dispatchers[m.dispatcher]
         self.sent[m.kind] += 1
         try:
-            async with self.session.post(
-                url, json={"messages": [wire.message_to_json(m)]}, headers=wire.bearer(self.token)
-            ) as resp:
-                if resp.status != 200:
-                    self.send_failures[m.kind] += 1
-                    log.warning("dispatcher %s refused a %s message: %s", url, m.kind, resp.status)
-        except (aiohttp.ClientError, TimeoutError) as e:
+            body = orjson.dumps({"messages": [wire.message_to_json(m, time.monotonic())]})
+            status, _ = await self.peers.pool(url).post(f"{wire.PREFIX}/messages", body, timeout=30.0)
+            if status != 200:
+                self.send_failures[m.kind] += 1
+                log.warning("dispatcher %s refused a %s message: %s", url, m.kind, status)
+        except (OSError, TimeoutError) as e:
             self.send_failures[m.kind] += 1
             log.warning("cannot reach dispatcher %s: %s", url, e)
 
@@ -238,7 +255,7 @@ class NodeHost:
             self.refused[k] += 1
             return wire.error(503, f"node {k} holds its limit of {self.max_tasks} tasks")
         task = Task(next(self.task_ids), work, t, origin)
-        fut: asyncio.Future[tuple[float, list[Message]]] = self.loop.create_future()
+        fut: asyncio.Future[tuple[float, list[Message], float]] = self.loop.create_future()
         self.waiting[task.id] = fut
         waited = model.arrive(task, t)
         self._schedule(k)
@@ -248,13 +265,24 @@ class NodeHost:
             self.send_failures["piggyback"] += 1
             log.warning("node %d: bad piggyback %r: %s", k, piggyback, e)
         try:
-            done, ride = await fut
+            done, ride, fired = await fut
         finally:
             self.waiting.pop(task.id, None)
-        reply: dict[str, Any] = {"node": k, "arrived": t, "completed": done, "waited": waited}
+        self.lateness.observe(max(0.0, fired - self.t0 - done * self.scale))
+        # model times, and the monotonic instants that place them on the other processes' clocks (one
+        # machine's CLOCK_MONOTONIC: docs/run.md, "Where the time goes"): model time x is t0 + x * scale
+        reply: dict[str, Any] = {
+            "node": k,
+            "arrived": t,
+            "completed": done,
+            "waited": waited,
+            "t0": self.t0,
+            "fired": fired,
+        }
         if ride:
-            reply["messages"] = [wire.message_to_json(m) for m in ride]
-        return web.json_response(reply)
+            reply["messages"] = [wire.message_to_json(m, fired) for m in ride]
+        reply["replied"] = time.monotonic()
+        return web.Response(body=orjson.dumps(reply), content_type="application/json")
 
     async def post_probe(self, request: web.Request) -> web.Response:
         if not wire.authorized(request, self.token):
@@ -278,7 +306,9 @@ class NodeHost:
             if m.node != k:
                 return wire.error(400, f"message for node {m.node} posted to node {k}", f"messages[{i}].node")
         ride: list[Message] = []
+        now = time.monotonic()
         for i, m in enumerate(msgs):
+            self.ages.observe(m.kind, wire.sent_at(body["messages"][i]), now)
             try:
                 out = self.sides[k].on_message(m, self.models[k].x)
             except (ValueError, TypeError, AssertionError) as e:
@@ -295,8 +325,13 @@ class NodeHost:
             self.piggybacked[a.kind] += 1
         reply: dict[str, Any] = {"ok": True, "applied": len(msgs)}
         if ride:
-            reply["messages"] = [wire.message_to_json(a) for a in ride]
+            sent = time.monotonic()
+            reply["messages"] = [wire.message_to_json(a, sent) for a in ride]
         return web.json_response(reply)
+
+    async def get_timings(self, request: web.Request) -> web.Response:
+        """The recent ages of the state messages applied here, by kind, in model seconds."""
+        return web.json_response({**self.ages.to_json(), "time_scale": self.scale})
 
     async def get_health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "nodes": self.ids, "model_time": self.now()})

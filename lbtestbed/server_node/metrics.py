@@ -98,6 +98,8 @@ class NodeCollector(Collector):
 
 
 def registry_for(host: NodeHost) -> CollectorRegistry:
-    reg = CollectorRegistry(auto_describe=False)
-    reg.register(NodeCollector(host))
-    return reg
+    """The host's registry (its histograms) with the collector of everything else (registered once)."""
+    if not host.collected:
+        host.registry.register(NodeCollector(host))
+        host.collected = True
+    return host.registry

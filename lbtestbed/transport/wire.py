@@ -11,6 +11,7 @@ from __future__ import annotations
 import hmac
 import json
 import math
+from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -104,8 +105,57 @@ def integer(body: Mapping[str, Any], field: str, default: int | None = None, whe
     return v
 
 
-def message_to_json(msg: Message) -> dict[str, Any]:
-    return {"kind": msg.kind, "node": msg.node, "dispatcher": msg.dispatcher, "data": list(msg.data)}
+def message_to_json(msg: Message, sent: float | None = None) -> dict[str, Any]:
+    """A message on the wire; ``sent`` (optional) is the sender's monotonic clock when it sent it, so
+    that the receiver can measure its age (docs/protocol.md, "Message ages")."""
+    out: dict[str, Any] = {"kind": msg.kind, "node": msg.node, "dispatcher": msg.dispatcher}
+    out["data"] = list(msg.data)
+    if sent is not None:
+        out["sent"] = sent
+    return out
+
+
+def sent_at(obj: Any) -> float | None:
+    """A wire message's ``sent`` stamp, if it carries a finite one (older senders do not)."""
+    v = obj.get("sent") if isinstance(obj, dict) else None
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+#: the most recent message ages each process keeps per kind for ``GET /v1/timings``
+AGES_KEPT = 50_000
+#: histogram buckets of wall-second legs and ages: 50 µs to 2.5 s
+WALL_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class MessageAges:
+    """The age of every state message a process applied (its apply instant minus the sender's ``sent``),
+    by kind: a Prometheus histogram in wall seconds, and the most recent ages in model seconds for
+    ``GET /v1/timings`` (the twin simulation draws its message delays from them)."""
+
+    def __init__(self, histogram: Any, scale: float) -> None:
+        self.histogram, self.scale = histogram, scale
+        self.recent: dict[str, deque[float]] = {}  # messages sent on a request of their own
+        self.riders: dict[str, deque[float]] = {}  # messages that rode on the reply to a request
+
+    def observe(self, kind: str, sent: float | None, now: float, rider: bool = False) -> None:
+        if sent is None:
+            return
+        age = max(0.0, now - sent)
+        self.histogram.labels(kind).observe(age)
+        into = self.riders if rider else self.recent
+        kept = into.get(kind)
+        if kept is None:
+            kept = into[kind] = deque(maxlen=AGES_KEPT)
+        kept.append(age / self.scale)
+
+    def to_json(self) -> dict[str, dict[str, list[float]]]:
+        """``GET /v1/timings``'s body (model seconds)."""
+        return {
+            "message_ages": {kind: list(ages) for kind, ages in sorted(self.recent.items())},
+            "rider_ages": {kind: list(ages) for kind, ages in sorted(self.riders.items())},
+        }
 
 
 def message_from_json(obj: Any, where: str = "message") -> Message:

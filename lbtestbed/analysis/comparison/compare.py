@@ -1,23 +1,31 @@
-"""Metric-by-metric verdicts: does the measured cluster agree with the simulator and with the theory?
+"""Metric-by-metric verdicts: does a measured run agree with a reference (twin, simulation, theory)?
 
-Two estimates agree when their difference lies within the combined 95% interval, the root sum of squares of
-the two half-widths (a theory value has none: its interval is the measurement's alone). The distance is the
-difference in combined standard errors (half-width / 1.96). An occupancy tail is one metric made of many
-points: it agrees when every point does at the family-wise 95% level (Bonferroni over the points compared),
-and its distance is that of the worst point.
+Two runs on the same tasks (the cluster, its twin, the simulation: each with its batch data) are compared
+**paired**, batch by batch (``paired``): the mean per-batch difference, or log ratio, with a t interval on
+its degrees of freedom. They agree when the interval holds 0; the distance is the mean in standard
+errors.
 
-The cluster and the simulator see the same tasks (same seed), so their difference is smaller than that of
-two independent runs and the combined interval is conservative. Theory values that hold only in a limit
-(many nodes, heavy traffic: the prediction's notes say so) are compared for information and marked
-``limit``; they do not decide the verdict of the run.
+A run against a value without batch data (the theory) is compared **unpaired**: the difference of the two
+estimates against the t interval of the measurement (each estimate's standard error is its half-width
+over the t quantile of its own degrees of freedom; two intervals combine by the root sum of squares of
+the standard errors, with Welch–Satterthwaite's degrees of freedom). An estimate without degrees of
+freedom (a hand-made result) is taken as normal.
+
+An occupancy tail is one metric made of many points: it agrees when every point does at the family-wise
+95 % level (Bonferroni over the points compared, with t quantiles), and its distance is that of the worst
+point. Theory values that hold only in a limit (many nodes, heavy traffic: the prediction's notes say so)
+are compared for information and marked ``limit``; they do not decide a run.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from lbtestbed.analysis.comparison import paired
+from lbtestbed.analysis.results.raw import RawRun
 from lbtestbed.analysis.results.result import METRICS, Result
 
 Z95 = 1.959963984540054
@@ -30,19 +38,40 @@ EXACT = 1e-9
 LIMIT_WORDS = ("infinity", "large n", "mean-field", "mean field", "heavy traffic", "halfin")
 
 
+@dataclass(frozen=True)
+class Side:
+    """One side of a comparison: a result, and its batch data where it has any (paired comparisons)."""
+
+    result: Result
+    raw: RawRun | None = None
+
+    @property
+    def name(self) -> str:
+        return self.result.source
+
+
 @dataclass
 class Verdict:
     metric: str
-    reference: str  # "simulation" or "theory"
+    reference: str  # "twin", "simulation" or "theory"
     measured: float | None
     measured_ci95: float | None
     expected: float | None
     expected_ci95: float | None
     agrees: bool | None  # None: nothing to compare
-    distance: float | None  # |difference| in combined standard errors
+    distance: float | None  # |difference| in standard errors
     counts: bool  # whether it decides the run's verdict
     why: str = ""
     worst_j: int | None = None  # occupancy tails: the level of the worst point
+    subject: str = "cluster"  # what was measured: the cluster, or the twin (against the simulation)
+    paired: bool = False
+    difference: float | None = None  # measured - expected (paired: the mean of the batches' differences)
+    difference_ci95: float | None = None
+    relative: float | None = None  # log-scale metrics: the relative gap exp(mean log ratio) - 1
+    relative_ci95: float | None = None
+    df: float | None = None  # degrees of freedom of the interval that decided
+    p: float | None = None  # two-sided p-value of the row (a tail's: Bonferroni over its points)
+    points: int = 1  # occupancy tails: the points compared
 
     @property
     def word(self) -> str:
@@ -54,15 +83,38 @@ class Verdict:
 
     def to_json(self) -> dict[str, Any]:
         out = {**asdict(self), "verdict": self.word}
-        if out["distance"] is not None and not math.isfinite(out["distance"]):
-            out["distance"] = None  # JSON has no infinity: values without intervals that differ
+        for key in ("distance", "difference", "relative"):
+            if out[key] is not None and not math.isfinite(out[key]):
+                out[key] = None  # JSON has no infinity: values without intervals that differ
         return out
 
 
-def _bonferroni_z(m: int) -> float:
-    from scipy import special  # only needed when there is a tail to compare
+def _quantile(df: float | None, level: float = 0.95) -> float:
+    """The two-sided ``level`` quantile of a t with ``df`` degrees of freedom (the normal's without)."""
+    from scipy import special  # imported here: predictions need no interval and start faster without it
 
-    return float(-special.ndtri(0.025 / max(m, 1)))
+    if df is None or not math.isfinite(df):
+        return Z95 if level == 0.95 else float(-special.ndtri((1.0 - level) / 2.0))
+    return float(special.stdtrit(max(1.0, df), 0.5 + level / 2.0))
+
+
+def _se(ci95: float | None, df: float | None) -> float:
+    return 0.0 if not ci95 else ci95 / _quantile(df)
+
+
+def _combined(
+    a_ci: float | None, a_df: float | None, b_ci: float | None, b_df: float | None
+) -> tuple[float, float | None]:
+    """Standard error of a difference of two independent estimates, and its Welch–Satterthwaite df."""
+    sa, sb = _se(a_ci, a_df), _se(b_ci, b_df)
+    se = math.hypot(sa, sb)
+    if (a_df is None and sa > 0) or (b_df is None and sb > 0):
+        return se, None
+    parts = [(s, d) for s, d in ((sa, a_df), (sb, b_df)) if s > 0 and d]
+    if not parts:
+        return se, None
+    df = se**4 / sum(s**4 / d for s, d in parts)
+    return se, df
 
 
 def _limit_metrics(theory: Result) -> set[str]:
@@ -75,24 +127,32 @@ def _limit_metrics(theory: Result) -> set[str]:
     return out
 
 
+# ------------------------------------------------------------------------------------------ unpaired
+
+
 def compare_scalar(
     metric: str, measured: dict[str, Any], expected: dict[str, Any], reference: str, counts: bool
 ) -> Verdict:
-    a, a_ci = measured.get("value"), measured.get("ci95")
-    b, b_ci = expected.get("value"), expected.get("ci95")
+    a, a_ci, a_df = measured.get("value"), measured.get("ci95"), measured.get("df")
+    b, b_ci, b_df = expected.get("value"), expected.get("ci95"), expected.get("df")
     v = Verdict(metric, reference, a, a_ci, b, b_ci, None, None, counts)
     if a is None or b is None:
         v.counts = False
         v.why = "not measured" if a is None else f"no {reference} value"
         return v
-    half = math.hypot(a_ci or 0.0, b_ci or 0.0)
+    v.difference = a - b
+    se, df = _combined(a_ci, a_df, b_ci, b_df)
     diff = abs(a - b)
-    if half == 0.0:
+    if se == 0.0:
         v.agrees = diff <= EXACT * max(1.0, abs(b))
         v.distance = 0.0 if v.agrees else math.inf
         v.why = "no interval: compared exactly"
         return v
-    v.distance = diff / (half / Z95)
+    v.df = df
+    # one side without an interval (a theory value): the other's interval as it is
+    half = (a_ci or 0.0) if not b_ci else (b_ci if not a_ci else _quantile(df) * se)
+    v.difference_ci95 = half
+    v.distance = diff / se
     v.agrees = diff <= half
     return v
 
@@ -111,61 +171,202 @@ def compare_tail(
             continue
         if max(a["value"], b["value"]) < TAIL_FLOOR:
             continue
-        half = math.hypot(a.get("ci95") or 0.0, b.get("ci95") or 0.0)
-        points.append((j, a["value"], b["value"], half))
+        se, df = _combined(a.get("ci95"), a.get("df"), b.get("ci95"), b.get("df"))
+        points.append((j, a["value"], b["value"], se, df))
     v = Verdict(f"occupancy_tail[{name}]", reference, None, None, None, None, None, None, counts)
     if not points:
         v.counts = False
         v.why = "no tail point to compare"
         return v
-    z = _bonferroni_z(len(points))
+    m = len(points)
+    level = 1.0 - 0.05 / m
 
-    def distance(p: tuple[int, float, float, float]) -> float:
+    def distance(p: tuple[int, float, float, float, float | None]) -> float:
         diff = abs(p[1] - p[2])
         if p[3] > 0:
-            return diff / (p[3] / Z95)
+            return diff / p[3]
         return 0.0 if diff <= EXACT * max(1.0, abs(p[2])) else math.inf  # no interval: compared exactly
 
-    worst = max(points, key=distance)
-    j, a, b, _ = worst
+    # each point against its own family-wise quantile (its degrees of freedom); the worst decides
+    def excess(p: tuple[int, float, float, float, float | None]) -> float:
+        return distance(p) / _quantile(p[4], level)
+
+    worst = max(points, key=excess)
+    j, a, b, _, df = worst
+    z = _quantile(df, level)
     v.measured, v.expected = a, b
     v.measured_ci95 = (measured[j] if j < len(measured) else beyond).get("ci95")
     v.expected_ci95 = (expected[j] if j < len(expected) else beyond).get("ci95")
+    v.difference = a - b
     v.distance = distance(worst)
     v.agrees = v.distance <= z
     v.worst_j = j
-    v.why = f"{len(points)} points, family-wise 95% (z <= {z:.2f}); worst at >= {j} tasks"
+    v.df = df
+    v.points = m
+    v.why = f"{m} points, family-wise 95% (|t| <= {z:.2f}); worst at >= {j} tasks"
     return v
 
 
-def compare(cluster: Result, simulation: Result | None, theory: Result | None) -> list[Verdict]:
-    """Verdicts of the cluster against each reference, metric by metric, in table order."""
+# -------------------------------------------------------------------------------------------- paired
+
+
+def compare_paired_scalar(
+    metric: str, measured: Side, expected: Side, counts: bool, subject: str = "cluster"
+) -> Verdict:
+    """``metric`` of two runs on the same tasks, batch by batch."""
+    a, b = measured.result.metrics[metric], expected.result.metrics[metric]
+    v = Verdict(
+        metric,
+        expected.name,
+        a.get("value"),
+        a.get("ci95"),
+        b.get("value"),
+        b.get("ci95"),
+        None,
+        None,
+        counts,
+    )
+    v.subject, v.paired = subject, True
+    assert measured.raw is not None and expected.raw is not None
+    p = paired.paired_metric(measured.raw, expected.raw, metric)
+    if v.measured is None or v.expected is None or p is None:
+        v.counts = False
+        v.why = "not measured" if v.measured is None else f"no {expected.name} value"
+        return v
+    if p.se is None:
+        v.counts = False
+        v.why = f"{p.pairs} paired batch: no interval"
+        return v
+    _fill_paired(v, p)
+    v.agrees = abs(p.mean) <= (p.ci95 or 0.0)
+    v.distance = p.distance()
+    v.why = f"paired over {p.pairs} batches ({p.scale.replace('_', ' ')})"
+    return v
+
+
+def _fill_paired(v: Verdict, p: paired.Paired) -> None:
+    v.df = p.df
+    rel = p.relative()
+    if rel is not None:
+        v.relative, v.relative_ci95 = rel
+        # on the log scale the gap in the metric's unit is the relative gap times the reference
+        v.difference = rel[0] * (v.expected or 0.0)
+        v.difference_ci95 = None if rel[1] is None else rel[1] * abs(v.expected or 0.0)
+    else:
+        v.difference, v.difference_ci95 = p.mean, p.ci95
+
+
+def compare_paired_tail(
+    c: int, name: str, measured: Side, expected: Side, counts: bool, subject: str = "cluster"
+) -> Verdict:
+    assert measured.raw is not None and expected.raw is not None
+    points = paired.paired_tail(measured.raw, expected.raw, c, TAIL_FLOOR)
+    points = [(j, p) for j, p in points if p.se is not None]
+    v = Verdict(f"occupancy_tail[{name}]", expected.name, None, None, None, None, None, None, counts)
+    v.subject, v.paired = subject, True
+    if not points:
+        v.counts = False
+        v.why = "no tail point to compare"
+        return v
+    m = len(points)
+    z = paired.bonferroni_t(m, points[0][1].df)
+    j, worst = max(points, key=lambda jp: jp[1].distance())
+    ma = measured.result.metrics["occupancy_tail"].get(name) or []
+    mb = expected.result.metrics["occupancy_tail"].get(name) or []
+    beyond = {"value": 0.0, "ci95": 0.0}
+    pa = ma[j] if j < len(ma) else beyond
+    pb = mb[j] if j < len(mb) else beyond
+    v.measured, v.measured_ci95 = pa.get("value"), pa.get("ci95")
+    v.expected, v.expected_ci95 = pb.get("value"), pb.get("ci95")
+    _fill_paired(v, worst)
+    v.distance = worst.distance()
+    v.agrees = v.distance <= z
+    v.worst_j = j
+    v.points = m
+    v.why = f"paired, {m} points, family-wise 95% (|t| <= {z:.2f}); worst at >= {j} tasks"
+    return v
+
+
+# --------------------------------------------------------------------------------------------- whole
+
+
+def compare(measured: Side, expected: Side, counts: bool = True) -> list[Verdict]:
+    """Verdicts of ``measured`` against ``expected``, metric by metric in table order: paired when both
+    carry batch data of the same window, unpaired otherwise (limit predictions never count)."""
+    subject = measured.name
     out: list[Verdict] = []
-    refs: list[tuple[str, Result, set[str]]] = []
-    if simulation is not None:
-        refs.append(("simulation", simulation, set()))
-    if theory is not None:
-        refs.append(("theory", theory, _limit_metrics(theory)))
-    for reference, result, limits in refs:
-        for metric in SCALARS:
+    is_paired = (
+        measured.raw is not None
+        and expected.raw is not None
+        and paired.pairs_of([measured.raw, expected.raw]) >= 2
+    )
+    limits = _limit_metrics(expected.result) if expected.name == "theory" else set()
+    for metric in SCALARS:
+        counted = counts and metric not in limits
+        if is_paired:
+            v = compare_paired_scalar(metric, measured, expected, counted, subject)
+        else:
             v = compare_scalar(
-                metric, cluster.metrics[metric], result.metrics[metric], reference, metric not in limits
+                metric,
+                measured.result.metrics[metric],
+                expected.result.metrics[metric],
+                expected.name,
+                counted,
             )
-            if metric in limits:
-                v.why = "limit prediction (n -> infinity): for information"
-            out.append(v)
-        tails = result.metrics["occupancy_tail"] or {}
-        for name, measured in (cluster.metrics["occupancy_tail"] or {}).items():
-            if name in tails:
-                limit = f"occupancy_tail[{name}]" in limits
-                v = compare_tail(name, measured, tails[name], reference, not limit)
-                if limit:
-                    v.why += "; limit prediction: for information"
-                out.append(v)
+            v.subject = subject
+        if metric in limits:
+            v.why = "limit prediction (n -> infinity): for information"
+        out.append(v)
+    tails = expected.result.metrics["occupancy_tail"] or {}
+    names = list(measured.result.metrics["occupancy_tail"] or {})
+    for c, name in enumerate(names):
+        if name not in tails:
+            continue
+        limit = f"occupancy_tail[{name}]" in limits
+        if is_paired:
+            v = compare_paired_tail(c, name, measured, expected, counts and not limit, subject)
+        else:
+            measured_tail = measured.result.metrics["occupancy_tail"][name]
+            v = compare_tail(name, measured_tail, tails[name], expected.name, counts and not limit)
+            v.subject = subject
+        if limit:
+            v.why += "; limit prediction: for information"
+        out.append(v)
     return out
 
 
-def run_agrees(verdicts: list[Verdict]) -> bool:
+def p_value(v: Verdict) -> float | None:
+    """The row's two-sided p-value from its distance and degrees of freedom (a tail's worst point, times
+    the number of its points: Bonferroni within the tail)."""
+    if v.agrees is None or v.distance is None:
+        return None
+    if math.isinf(v.distance):
+        return 0.0
+    from scipy import special
+
+    d = v.distance
+    one = float(special.stdtr(v.df, -d)) if v.df and math.isfinite(v.df) else float(special.ndtr(-d))
+    return min(1.0, 2.0 * one * v.points)
+
+
+def holm(verdicts: Sequence[Verdict], level: float = 0.05) -> None:
+    """Decide the verdicts that count as one family at the family-wise ``level`` (Holm's step-down
+    Bonferroni): each keeps its distance and interval, and ``agrees`` becomes whether the family's test
+    keeps it. A run of m comparisons that are each right 95 % of the time would otherwise disagree
+    somewhere far more often than 5 % of the time."""
+    rows = [(p_value(v), v) for v in verdicts if v.counts and v.agrees is not None]
+    rows.sort(key=lambda pv: pv[0] if pv[0] is not None else 1.0)
+    m = len(rows)
+    rejecting = True
+    for i, (p, v) in enumerate(rows):
+        v.p = p
+        rejecting = rejecting and p is not None and p <= level / (m - i)
+        v.agrees = not rejecting
+        if m > 1:
+            v.why = (v.why + "; " if v.why else "") + f"family-wise over {m} comparisons (Holm)"
+
+
+def run_agrees(verdicts: Sequence[Verdict]) -> bool:
     """The run agrees when some verdict counts and none that counts disagrees."""
     counted = [v for v in verdicts if v.counts and v.agrees is not None]
     return bool(counted) and all(v.agrees for v in counted)

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lbtestbed.analysis.comparison.compare import SCALARS, Verdict, compare, run_agrees
+from lbtestbed.analysis.comparison import paired
+from lbtestbed.analysis.comparison.compare import SCALARS, Side, Verdict, compare, holm, run_agrees
 from lbtestbed.analysis.report import plots
 from lbtestbed.analysis.results.raw import RawRun
 from lbtestbed.analysis.results.result import Result
@@ -44,22 +45,29 @@ class RunReport:
     verdicts: list[Verdict]
     context: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    twin: Result | None = None  # the simulation of the system that ran (the cluster's measured delays)
 
     @property
     def agrees(self) -> bool:
         return run_agrees(self.verdicts)
 
-    def verdict(self, metric: str, reference: str = "simulation") -> Verdict | None:
-        return next((v for v in self.verdicts if v.metric == metric and v.reference == reference), None)
+    def verdict(self, metric: str, reference: str = "simulation", subject: str = "cluster") -> Verdict | None:
+        return next(
+            (
+                v
+                for v in self.verdicts
+                if v.metric == metric and v.reference == reference and v.subject == subject
+            ),
+            None,
+        )
 
     def to_json(self) -> dict[str, Any]:
+        sources = (self.cluster, self.twin, self.simulation, self.theory)
         return {
             "name": self.exp.name,
             "policy": self.exp.policy.name,
             "agrees": self.agrees,
-            "results": {
-                r.source: r.to_json() for r in (self.cluster, self.simulation, self.theory) if r is not None
-            },
+            "results": {r.source: r.to_json() for r in sources if r is not None},
             "comparison": [v.to_json() for v in self.verdicts],
             "warnings": self.warnings,
             **self.context,
@@ -68,14 +76,38 @@ class RunReport:
 
 def build(
     exp: Experiment,
-    cluster: Result,
-    simulation: Result | None,
+    cluster: Side,
+    simulation: Side | None,
     theory: Result | None,
     context: dict[str, Any],
     warnings: Sequence[str] = (),
+    twin: Side | None = None,
 ) -> RunReport:
+    """The verdicts of a run. With a twin, cluster against twin (paired) decides; cluster and twin against
+    the zero-delay simulation say what the network and the software cost the policy. Without one, the
+    cluster against the simulation (paired) and the theory's exact values decide."""
+    for side in (cluster, twin, simulation):
+        if side is not None and side.raw is not None:
+            side.result.extras["batch_values"] = paired.batch_table(side.raw)
+    verdicts: list[Verdict] = []
+    if twin is not None:
+        verdicts += compare(cluster, twin, counts=True)
+    if simulation is not None:
+        verdicts += compare(cluster, simulation, counts=twin is None)
+        if twin is not None:
+            verdicts += compare(twin, simulation, counts=False)
+    if theory is not None:
+        verdicts += compare(cluster, Side(theory), counts=twin is None)
+    holm(verdicts)
     return RunReport(
-        exp, cluster, simulation, theory, compare(cluster, simulation, theory), context, list(warnings)
+        exp,
+        cluster.result,
+        simulation.result if simulation else None,
+        theory,
+        verdicts,
+        context,
+        list(warnings),
+        twin.result if twin else None,
     )
 
 
@@ -86,36 +118,119 @@ def _num(v: float | None, ci: float | None = None) -> str:
     return text if ci is None else f"{text} ± {ci:.2g}"
 
 
+def _gap(v: Verdict | None) -> str:
+    """A paired verdict's gap: relative on the log scale, else the difference, with its interval."""
+    if v is None or v.agrees is None:
+        return "-"
+    if v.relative is not None:
+        ci = "" if v.relative_ci95 is None else f" ± {100 * v.relative_ci95:.2g}%"
+        return f"{100 * v.relative:+.2g}%{ci}"
+    if v.difference is None:
+        return "-"
+    ci = "" if v.difference_ci95 is None else f" ± {v.difference_ci95:.2g}"
+    return f"{v.difference:+.3g}{ci}"
+
+
+def _word(v: Verdict | None) -> str:
+    if v is None:
+        return "-"
+    return v.word if v.counts or v.agrees is None else f"({v.word})"
+
+
 def comparison_rows(rep: RunReport) -> list[list[str]]:
-    """One row per metric: cluster, simulation and its verdict, theory and its verdict."""
-    rows = [["metric", "unit", "cluster", "simulation", "verdict", "theory", "verdict"]]
+    """One row per metric. With a twin: cluster, twin, the paired gap and its verdict, the simulation and
+    the network's cost (twin against simulation), theory. Without: cluster, simulation, verdict, theory."""
+    twin = rep.twin is not None
+    if twin:
+        head = ["metric", "unit", "cluster", "twin", "cluster-twin", "verdict", "simulation", "net cost"]
+    else:
+        head = ["metric", "unit", "cluster", "simulation", "cluster-sim", "verdict"]
+    rows = [[*head, "theory", "verdict"]]
     metrics = [*SCALARS, *(f"occupancy_tail[{c.name}]" for c in rep.exp.classes)]
     for metric in metrics:
-        s, t = rep.verdict(metric, "simulation"), rep.verdict(metric, "theory")
-        if metric in SCALARS:
-            m = rep.cluster.metrics[metric]
-            cluster = _num(m.get("value"), m.get("ci95"))
-        else:
-            v = s or t
-            if v is None or v.measured is None:
-                cluster = "see plot"
-            else:
-                cluster = f"{_num(v.measured, v.measured_ci95)} at j={v.worst_j}"
-        if cluster == "-" and (s is None or s.expected is None) and (t is None or t.expected is None):
+        main = rep.verdict(metric, "twin" if twin else "simulation")
+        cost = rep.verdict(metric, "simulation", "twin") if twin else None
+        sim = rep.verdict(metric, "simulation")
+        theory = rep.verdict(metric, "theory")
+        known = [v for v in (main, sim, theory) if v is not None]
+        tail = metric.startswith("occupancy_tail[")
+        # a tail is shown at one level for every source: the one the deciding comparison found worst
+        j = next((v.worst_j for v in known if v.worst_j is not None), None) if tail else None
+
+        def value(result: Result | None, metric: str = metric, j: int | None = j) -> str:
+            return _value(result, metric, j)
+
+        cluster = value(rep.cluster)
+        if tail and j is None:
+            cluster = "see plot"
+        if cluster in ("-", "see plot") and not any(v.expected is not None for v in known):
             continue
-        cells = [metric, UNITS.get(metric, "fraction")]
-        cells.append(cluster)
-        for v in (s, t):
-            if v is None:
-                cells += ["-", "-"]
-                continue
-            word = v.word if v.counts or v.agrees is None else f"({v.word}, limit)"
-            where = (
-                f" at j={v.worst_j}" if v.worst_j is not None and v.worst_j != (s or t or v).worst_j else ""
-            )
-            cells += [_num(v.expected, v.expected_ci95) + where, word]
+        if tail and j is not None:
+            cluster += f" at j={j}"
+        cells = [metric, UNITS.get(metric, "fraction"), cluster]
+        if twin:
+            cells += [value(rep.twin), _gap(main), _word(main)]
+            cells += [value(rep.simulation), _gap(cost)]
+        else:
+            cells += [value(rep.simulation), _gap(main), _word(main)]
+        if theory is None:
+            cells += ["-", "-"]
+        else:
+            word = theory.word if theory.counts or theory.agrees is None else f"({theory.word}, info)"
+            if "limit" in theory.why and theory.agrees is not None:
+                word = f"({theory.word}, limit)"
+            cells += [value(rep.theory), word]
         rows.append(cells)
     return rows
+
+
+def _value(result: Result | None, metric: str, j: int | None) -> str:
+    """A result's value of ``metric`` with its interval (a tail's at level j)."""
+    if result is None:
+        return "-"
+    if metric.startswith("occupancy_tail["):
+        return _tail_at(result, metric[len("occupancy_tail[") : -1], j)
+    m = result.metrics[metric]
+    return _num(m.get("value"), m.get("ci95"))
+
+
+def _tail_at(result: Result, name: str, j: int | None) -> str:
+    """A result's occupancy tail at level j (0 beyond its end: no node holds that many)."""
+    tail = (result.metrics["occupancy_tail"] or {}).get(name)
+    if j is None or tail is None:
+        return "-"
+    if j >= len(tail):
+        return "0"
+    point = tail[j]
+    ci = point.get("ci95")
+    return _num(point.get("value"), ci if ci else None)
+
+
+#: the metrics the cost sentence names, where the spec has them
+COST_METRICS = ("mean_sojourn", "sojourn_p99", "utility", "wait_probability", "messages_per_task")
+
+
+def cost_sentence(rep: RunReport) -> str | None:
+    """What the emulation's delays cost the policy: the twin against the zero-delay simulation."""
+    parts = []
+    for metric in COST_METRICS:
+        v = rep.verdict(metric, "simulation", "twin")
+        if v is None or v.agrees is None:
+            continue
+        label = metric.replace("_", " ")
+        if v.relative is not None:
+            ci = f" ± {100 * v.relative_ci95:.2g} %" if v.relative_ci95 is not None else ""
+            parts.append(f"{100 * v.relative:+.2g} %{ci} of {label}")
+        elif v.difference is not None:
+            ci = f" ± {v.difference_ci95:.2g}" if v.difference_ci95 is not None else ""
+            parts.append(f"{v.difference:+.3g}{ci} of {label}")
+    if not parts:
+        return None
+    return (
+        "The emulation's own delays (network, operating system, software; measured per task) cost this "
+        f"{rep.exp.policy.name} run " + ", ".join(parts) + " (the twin against the zero-delay simulation, "
+        "paired, 95 % intervals)."
+    )
 
 
 def table(rows: list[list[str]], markdown: bool = False) -> str:
@@ -131,12 +246,14 @@ def table(rows: list[list[str]], markdown: bool = False) -> str:
 
 
 def headline(rep: RunReport) -> str:
-    bad = [v for v in rep.verdicts if v.counts and v.agrees is False]
-    if not any(v.counts and v.agrees is not None for v in rep.verdicts):
+    counted = [v for v in rep.verdicts if v.counts and v.agrees is not None]
+    if not counted:
         return "NOTHING TO COMPARE: no metric has a reference that counts (no simulation, limit theory only)"
+    against = sorted({v.reference for v in counted}, key=["twin", "simulation", "theory"].index)
+    bad = [v for v in counted if not v.agrees]
     if not bad:
-        n = sum(1 for v in rep.verdicts if v.counts and v.agrees)
-        return f"AGREES: all {n} comparisons that count agree within their combined 95% intervals"
+        how = "paired batch by batch" if all(v.paired for v in counted) else "within their 95% intervals"
+        return f"AGREES: all {len(counted)} comparisons with the {' and '.join(against)} agree ({how})"
     listed = ", ".join(
         f"{v.metric} vs {v.reference} ({v.word.partition(' ')[2].strip('()') or '-'})" for v in bad
     )
@@ -230,6 +347,26 @@ def _faults_section(rep: RunReport) -> list[str]:
     ]
 
 
+def _explanation(rep: RunReport) -> str:
+    if rep.twin is not None:
+        return (
+            "The cluster, its twin and the simulation saw the same tasks (the workload is in `trace.csv`). "
+            "The twin is the simulation of the system that actually ran, with the delays the cluster "
+            "measured on every leg; the cluster against it, paired batch by batch, decides the verdict "
+            "(a disagreement is an emulation bug or an effect nobody modelled). The simulation has no "
+            "delays: the twin against it is what the network and the software cost the policy (*net cost*). "
+            "Theory values are for information; occupancy tails are compared point by point at the "
+            "family-wise 95% level."
+        )
+    return (
+        "Cluster and simulation saw the same tasks (same seed; the workload is in `trace.csv`) and are "
+        "compared batch by batch: the mean per-batch gap (relative for sojourns, tasks and messages) with "
+        "its 95% interval; otherwise how many standard errors apart. Theory values that hold only as n "
+        "grows are marked *limit* and do not decide the verdict. Occupancy tails are compared point by "
+        "point at the family-wise 95% level."
+    )
+
+
 def markdown(rep: RunReport, images: Sequence[Path]) -> str:
     e, c = rep.exp, rep.cluster
     load = c.extras.get("load", {})
@@ -240,10 +377,8 @@ def markdown(rep: RunReport, images: Sequence[Path]) -> str:
         "",
         table(comparison_rows(rep), markdown=True),
         "",
-        "Cluster and simulation saw the same tasks (same seed; the workload is in `trace.csv`). A verdict "
-        "says whether the two values lie within their combined 95% interval, otherwise how many combined "
-        "standard errors apart they are. Theory values that hold only as n grows are marked *limit* and do "
-        "not decide the verdict. Occupancy tails are compared point by point at the family-wise 95% level.",
+        _explanation(rep),
+        *(["", cost] if (cost := cost_sentence(rep)) else []),
         "",
     ]
     if rep.warnings:

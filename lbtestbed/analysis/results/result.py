@@ -137,7 +137,7 @@ def summarize(exp: Experiment, raws: Sequence[RawRun], source: str = "simulation
             if (e.value or 0.0) < TAIL_CUTOFF:
                 break
             if e.value is not None and e.value > 1.0:  # a ratio of sums can round just above 1
-                e = Estimate(1.0, e.ci95)
+                e = Estimate(1.0, e.ci95, e.df)
             entries.append(e.to_json())
             j += 1
         tails[c.name] = entries

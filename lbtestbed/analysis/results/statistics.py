@@ -20,17 +20,19 @@ def t_quantile(df: int, level: float = 0.95) -> float:
 
 @dataclass(frozen=True)
 class Estimate:
-    """A value with the half-width of its 95% interval; both None where the metric does not apply."""
+    """A value with the half-width of its 95% interval and the interval's degrees of freedom (a t
+    interval on ``df``); all None where the metric does not apply."""
 
     value: float | None
     ci95: float | None
+    df: int | None = None
 
     @classmethod
     def none(cls) -> Estimate:
         return cls(None, None)
 
     def to_json(self) -> dict[str, float | None]:
-        return {"value": self.value, "ci95": self.ci95}
+        return {"value": self.value, "ci95": self.ci95, "df": self.df}
 
 
 def mean_ci(samples: Sequence[float] | np.ndarray, center: float | None = None) -> Estimate:
@@ -46,7 +48,7 @@ def mean_ci(samples: Sequence[float] | np.ndarray, center: float | None = None) 
     if x.size < 2:
         return Estimate(value, None)
     half = t_quantile(x.size - 1) * float(x.std(ddof=1)) / math.sqrt(x.size)
-    return Estimate(value, half)
+    return Estimate(value, half, x.size - 1)
 
 
 def ratio_estimate(num: np.ndarray, den: np.ndarray) -> Estimate:

@@ -1,0 +1,181 @@
+"""Paired comparisons: two runs on the same tasks, compared batch by batch.
+
+The cluster, its twin and the simulation see the very same tasks (the spec's seeded workload) and cut the
+measured window at the same model times, so their estimates of batch b share that batch's arrivals and
+work sizes. The difference of the two estimates, batch by batch, removes what they share; what is left
+is what differs between the two systems. Its mean over the B batches, with a Student-t interval on B - 1
+degrees of freedom (the batches are treated as independent, as batch means are), can see a systematic gap
+of a percent where two unpaired intervals, each as wide as the batch-to-batch variation of the workload,
+cannot.
+
+Positive quantities whose effect is relative (sojourn times, tasks, messages per task) are compared on
+the log scale: the per-batch log ratio, whose mean exp()-1 is the relative gap. The others (fractions,
+utility, SLTA's index) are compared by their per-batch difference.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from lbtestbed.analysis.results.raw import RawRun
+from lbtestbed.analysis.results.statistics import t_quantile
+
+#: metrics compared on the log scale (per-batch log ratios); the others by their per-batch difference
+LOG_SCALE = frozenset(
+    {
+        "mean_sojourn",
+        "sojourn_p50",
+        "sojourn_p99",
+        "mean_tasks_per_node",
+        "tasks_in_system",
+        "messages_per_task",
+    }
+)
+#: ratio metrics of a RawRun, by the result's metric name
+RATIOS = (
+    "mean_sojourn",
+    "mean_tasks_per_node",
+    "tasks_in_system",
+    "utility",
+    "wait_probability",
+    "idle_capacity",
+    "idle_nodes",
+    "messages_per_task",
+    "slta_r",
+)
+QUANTILES = {"sojourn_p50": 0.5, "sojourn_p99": 0.99}
+
+
+@dataclass(frozen=True)
+class Paired:
+    """The mean over paired batches of a per-batch difference (or log ratio), with its t interval."""
+
+    scale: str  # "difference" or "log_ratio"
+    mean: float
+    se: float | None  # None with fewer than two pairs
+    df: int
+    pairs: int
+
+    @property
+    def ci95(self) -> float | None:
+        return None if self.se is None else t_quantile(self.df) * self.se
+
+    def distance(self) -> float:
+        """|mean| in standard errors (inf when the pairs do not vary and the mean is not 0)."""
+        if self.se is None:
+            return math.nan
+        if self.se == 0.0:
+            return 0.0 if self.mean == 0.0 else math.inf
+        return abs(self.mean) / self.se
+
+    def relative(self) -> tuple[float, float | None] | None:
+        """On the log scale: the relative gap exp(mean) - 1 and the half-width of its interval, mapped
+        from the log scale (asymmetric there; the larger side is given)."""
+        if self.scale != "log_ratio":
+            return None
+        half = self.ci95
+        rel = math.expm1(self.mean)
+        if half is None:
+            return rel, None
+        return rel, max(math.expm1(self.mean + half) - rel, rel - math.expm1(self.mean - half))
+
+
+def positions(raw: RawRun) -> list[int]:
+    """The window positions of a run's batches (a cluster run may have left some out)."""
+    return list(raw.batch_of) if raw.batch_of else list(range(raw.batches))
+
+
+def batch_values(raw: RawRun, metric: str) -> dict[int, float]:
+    """Each batch's estimate of ``metric`` by window position; batches without one are left out."""
+    pos = positions(raw)
+    if metric in QUANTILES:
+        q = QUANTILES[metric]
+        return {p: float(np.quantile(s, q)) for p, s in zip(pos, raw.sojourns, strict=True) if len(s)}
+    if metric not in raw.ratios:
+        return {}
+    num, den = raw.ratios[metric]
+    return {p: float(n / d) for p, n, d in zip(pos, num, den, strict=True) if d > 0}
+
+
+def batch_table(raw: RawRun) -> dict[str, dict[str, float]]:
+    """Every scalar metric's estimate batch by batch, by window position (``results.json``'s
+    ``batch_values``: what a paired comparison compares, for anyone to recompute it)."""
+    out = {}
+    for metric in (*RATIOS, *QUANTILES):
+        values = batch_values(raw, metric)
+        if values:
+            out[metric] = {str(p): v for p, v in sorted(values.items())}
+    return out
+
+
+def pair(a: dict[int, float], b: dict[int, float], log_scale: bool) -> Paired | None:
+    """The paired comparison of ``a`` and ``b`` over the batches both have (None without any)."""
+    common = sorted(a.keys() & b.keys())
+    scale = "log_ratio" if log_scale else "difference"
+    if log_scale and any(a[p] <= 0 or b[p] <= 0 for p in common):
+        scale = "difference"  # a batch without the quantity (no task waited, say): compare plainly
+    if not common:
+        return None
+    if scale == "log_ratio":
+        d = np.array([math.log(a[p] / b[p]) for p in common])
+    else:
+        d = np.array([a[p] - b[p] for p in common])
+    n = len(d)
+    se = float(d.std(ddof=1)) / math.sqrt(n) if n >= 2 else None
+    return Paired(scale, float(d.mean()), se, max(n - 1, 0), n)
+
+
+def paired_metric(a: RawRun, b: RawRun, metric: str) -> Paired | None:
+    return pair(batch_values(a, metric), batch_values(b, metric), metric in LOG_SCALE)
+
+
+def tail_levels(raw: RawRun, c: int) -> int:
+    """How many levels j of class c's occupancy tail the run has."""
+    j = 0
+    while f"tail:{c}:{j}" in raw.ratios:
+        j += 1
+    return j
+
+
+def paired_tail(a: RawRun, b: RawRun, c: int, floor: float) -> list[tuple[int, Paired]]:
+    """Class c's occupancy tail, level by level (j >= 1), paired by batch; levels where neither run holds
+    at least ``floor`` of the class's nodes are left out. A run whose tail stops early holds no node at
+    the levels beyond its end (0 in every batch)."""
+    out = []
+    for j in range(1, max(tail_levels(a, c), tail_levels(b, c))):
+        key = f"tail:{c}:{j}"
+        va = batch_values(a, key) if key in a.ratios else {p: 0.0 for p in positions(a)}
+        vb = batch_values(b, key) if key in b.ratios else {p: 0.0 for p in positions(b)}
+        if max(_pooled(a, key), _pooled(b, key)) < floor:
+            continue
+        p = pair(va, vb, log_scale=False)
+        if p is not None:
+            out.append((j, p))
+    return out
+
+
+def _pooled(raw: RawRun, key: str) -> float:
+    if key not in raw.ratios:
+        return 0.0
+    num, den = raw.ratios[key]
+    total = float(den.sum())
+    return float(num.sum()) / total if total > 0 else 0.0
+
+
+def bonferroni_t(m: int, df: int) -> float:
+    """The two-sided t quantile that keeps m comparisons at a family-wise 95 % level."""
+    from scipy import special  # only needed when there is a family to compare
+
+    return float(special.stdtrit(df, 1.0 - 0.025 / max(m, 1)))
+
+
+def pairs_of(raws: Sequence[RawRun]) -> int:
+    """Batches the runs have in common (what a paired comparison of them can use)."""
+    common = set(positions(raws[0]))
+    for r in raws[1:]:
+        common &= set(positions(r))
+    return len(common)

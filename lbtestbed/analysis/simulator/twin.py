@@ -1,0 +1,260 @@
+"""The twin: a simulation of the system that actually ran, with the delays the cluster measured.
+
+The zero-delay simulation is the model; the cluster is the model plus a network, an operating system and
+software that take time. The twin replays the cluster's own measurements of that time, task by task, on
+the same policy objects and node models (docs/run.md, "The twin"):
+
+* task i (of the run's trace) reaches the dispatcher at its intended time plus the delay the cluster
+  measured for it (the generator's lateness and the way to the dispatcher), is decided after the
+  dispatch time measured for it (for a probing policy, the probes read the nodes halfway through it),
+  and reaches its node after the forwarding time measured for it;
+* the node serves it exactly as the model does; the dispatcher hears of its completion (the end of the
+  task's request, and the messages that rode on its reply) after the task's own measured delay from its
+  completion instant to the dispatcher, and the client after the delay to the client; the task counts
+  as in the system (``tasks_in_system``) from the dispatcher's accept until its answer is ready, as the
+  dispatcher's own integral counts it;
+* a state message sent on its own request reaches its receiver after a delay drawn (seeded) from the
+  ages the cluster's receivers measured for messages of that kind;
+* the measured window, its batches and the sojourns (from the intended send to the client's receipt) are
+  cut as the cluster cuts them, so that the cluster and its twin are compared batch by batch.
+
+Tasks the cluster did not complete (refused, lost, dropped) get the median of each delay. What the twin
+leaves out is what nobody measured: faults (their batches are left out of any comparison anyway), health
+checks, and whatever the cluster did that its legs do not show.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from lbtestbed.analysis.results.raw import RawRun
+from lbtestbed.analysis.simulator.engine import (
+    _AT_DISPATCHER,
+    _AT_NODE,
+    _COMPLETE,
+    _TASK_AT_NODE,
+    INF,
+    Progress,
+    Simulator,
+)
+from lbtestbed.model.spec import Experiment, seeded_random
+from lbtestbed.model.workload import Task
+from lbtestbed.policies import Message, Probe, Route, make_dispatcher
+from lbtestbed.policies.slta import SLTADispatcher
+
+# the twin's own events in the heap (the engine's are 0..6)
+_ACCEPT, _PROBE_READ, _RESOLVE, _NOTIFY, _LEAVE = range(10, 15)
+
+#: (arrive, decide, forward, notify, reply, leave) of one task, model seconds (TaskRecord's legs)
+Legs = tuple[float, float, float, float, float, float]
+
+
+@dataclass(frozen=True)
+class Emulation:
+    """What a cluster run measured, in model seconds, for its twin."""
+
+    tasks: Sequence[tuple[float, float]]  # the run's trace: (intended arrival time, work), in order
+    legs: Mapping[float, Legs]  # by intended arrival time: the legs of each completed task
+    message_ages: Mapping[str, Sequence[float]] = field(default_factory=dict)  # sent on their own request
+    rider_ages: Mapping[str, Sequence[float]] = field(default_factory=dict)  # on the reply to a request
+    riders: bool = True  # messages for a task's dispatcher rode on the task's reply (no emulated delay)
+    # the random stream of the dispatcher's policy: the cluster's dispatcher 0 draws from stream 1000, so
+    # that the twin breaks ties as it did where their states agree (0: the simulator's own stream)
+    policy_stream: int = 0
+
+    def median_legs(self) -> Legs:
+        if not self.legs:
+            return (0.0,) * 6
+        arr = np.array(list(self.legs.values()), float)
+        med = np.nanmedian(arr, axis=0) if np.isfinite(arr).any() else np.zeros(6)
+        return tuple(float(x) if math.isfinite(x) else 0.0 for x in med)  # type: ignore[return-value]
+
+
+class TwinSimulator(Simulator):
+    """One run of the twin of a cluster run (``Emulation``) of ``exp``."""
+
+    def __init__(self, exp: Experiment, emulation: Emulation, progress: Progress | None = None) -> None:
+        super().__init__(exp, 0, progress)
+        self.emulation = emulation
+        if emulation.policy_stream:
+            self.dispatcher = make_dispatcher(exp, seeded_random(exp.seed, "policy", emulation.policy_stream))
+            self.slta = self.dispatcher if isinstance(self.dispatcher, SLTADispatcher) else None
+        self.delay = None  # the measured delays replace the spec's emulated ones: they include them
+        self.delay_tasks = False
+        median = emulation.median_legs()
+        self.task_legs: list[Legs] = []
+        for t, _ in emulation.tasks:
+            legs = emulation.legs.get(t)
+            if legs is None or not all(math.isfinite(x) for x in legs):
+                legs = median
+            self.task_legs.append(tuple(max(0.0, x) for x in legs))  # type: ignore[arg-type]
+        self.ages = {k: list(v) for k, v in emulation.message_ages.items() if len(v)}
+        self.rider_ages = {k: list(v) for k, v in emulation.rider_ages.items() if len(v)}
+        self.age_rng: random.Random = seeded_random(exp.seed, "network", 7000)
+
+    # ----------------------------------------------------------------------------- message delays
+
+    def _age(self, kind: str, rider: bool = False) -> float:
+        pool = (self.rider_ages.get(kind) or self.ages.get(kind)) if rider else self.ages.get(kind)
+        pool = pool or self.rider_ages.get(kind)
+        if not pool:
+            return 0.0
+        return pool[int(self.age_rng.random() * len(pool))]
+
+    def _to_dispatcher(self, msgs: tuple[Message, ...], rider: bool = False) -> None:
+        for m in msgs:
+            self._count(m.kind)
+            age = self._age(m.kind, rider)
+            if age > 0.0:
+                self._push(self.now + age, _AT_DISPATCHER, m)
+            else:
+                out = self.dispatcher.on_message(m)
+                if out:
+                    self._to_nodes(out)
+
+    def _to_nodes(self, msgs: tuple[Message, ...]) -> None:
+        for m in msgs:
+            self._count(m.kind)
+            age = self._age(m.kind)
+            if age > 0.0:
+                self._push(self.now + age, _AT_NODE, m)
+            else:
+                out = self.sides[m.node].on_message(m, self.nodes[m.node].x)
+                if out:
+                    self._to_dispatcher(out, rider=True)
+
+    # --------------------------------------------------------------------------------------- tasks
+
+    def _batch_of(self, t: float) -> int:
+        if not self.t_start <= t < self.t_end:
+            return -1
+        return min(self.B - 1, int((t - self.t_start) // self.batch_len))
+
+    def _accept(self, i: int) -> None:
+        t, work = self.emulation.tasks[i]
+        task = Task(i, work, t, 0, self._batch_of(t))  # batched by intended arrival, as the cluster does
+        self._total_changes(self.now, +1)
+        if self.batch >= 0:
+            self.arrivals[self.batch] += 1  # counted when the dispatcher takes it, as its decisions are
+        if task.batch >= 0:
+            self.outstanding += 1
+        _, decide, *_ = self.task_legs[i]
+        decision = self.dispatcher.dispatch()
+        if isinstance(decision, Probe):
+            self._push(self.now + decide / 2, _PROBE_READ, task, decision)
+        else:
+            self._decided(task, decision, decide)
+
+    def _decided(self, task: Task, route: Route, still: float) -> None:
+        """The decision is made: the task leaves for its node ``still`` model s of dispatch time later
+        (the dispatch time that remains), plus its measured forwarding time."""
+        if task.batch >= 0:
+            self.decisions[route.outcome] += 1
+        if self.slta is not None and self.slta.r != self.r:
+            self._r_changes(self.now, self.slta.r)
+        forward = self.task_legs[task.id][2]
+        self._push(self.now + still + forward, _TASK_AT_NODE, task, route)
+
+    def _completion(self, t: float, k: int) -> None:
+        node = self.nodes[k]
+        task = node.complete(t)
+        self.scheduled[k] = INF
+        self._reschedule(k)
+        _, _, _, notify, reply, leave = self.task_legs[task.id]
+        if task.batch >= 0:
+            s = t + reply - task.arrived  # from the intended send to the client's receipt
+            self.sojourn[task.batch].append(s)
+            self.sojourn_class[self.exp.node_class[k]][task.batch].append(s)
+            self.outstanding -= 1
+        msgs = self.sides[k].on_departure(node.x, task.origin)
+        ride: tuple[Message, ...] = ()
+        if self.emulation.riders:
+            ride = tuple(m for m in msgs if m.dispatcher == task.origin)
+            msgs = tuple(m for m in msgs if m.dispatcher != task.origin)
+        for m in ride:
+            self._count(m.kind)  # sent now, applied with the reply
+        if msgs:
+            self._to_dispatcher(msgs)
+        self._push(t + notify, _NOTIFY, k, ride)
+        self._push(t + max(notify, leave), _LEAVE, k)
+
+    def _twin_event(self, kind: int, a: object, b: object) -> None:
+        if kind == _ACCEPT:
+            assert isinstance(a, int)
+            self._accept(a)
+        elif kind == _PROBE_READ:
+            assert isinstance(a, Task) and isinstance(b, Probe)
+            d = len(b.nodes)
+            self._count("probe", d)
+            self._count("probe_reply", d)
+            replies = [self.sides[k].probe_reply(self.nodes[k].x) for k in b.nodes]
+            _, decide, *_ = self.task_legs[a.id]
+            self._push(self.now + decide / 2, _RESOLVE, a, (b, replies))
+        elif kind == _RESOLVE:
+            assert isinstance(a, Task) and isinstance(b, tuple)
+            probe, replies = b
+            self._decided(a, self.dispatcher.resolve(probe, replies), 0.0)
+        elif kind == _LEAVE:
+            self._total_changes(self.now, -1)  # the dispatcher's answer is ready: the task leaves it
+        elif kind == _NOTIFY:
+            assert isinstance(a, int) and isinstance(b, tuple)
+            for m in b:
+                out = self.dispatcher.on_message(m)
+                if out:
+                    self._to_nodes(out)
+            self.dispatcher.on_task_done(a)
+        elif kind == _AT_NODE:
+            assert isinstance(a, Message)
+            out = self.sides[a.node].on_message(a, self.nodes[a.node].x)
+            if out:
+                self._to_dispatcher(out, rider=True)  # an answer rides on the reply to its message
+        else:
+            self._heap_event(kind, a, b)
+
+    # ----------------------------------------------------------------------------------------- run
+
+    def run(self) -> RawRun:
+        wall = time.perf_counter()
+        for i, (t, _) in enumerate(self.emulation.tasks):
+            self._push(t + self.task_legs[i][0], _ACCEPT, i)
+        boundaries = [self.t_start + b * self.batch_len for b in range(self.B)] + [self.t_end]
+        drain_until = self.t_end + self.exp.run.duration
+        heap = self.heap
+        pop = heapq.heappop
+        bi, next_boundary = 0, boundaries[0]
+        report = [time.perf_counter() + 1.0]
+        while True:
+            t = heap[0][0] if heap else INF
+            if t >= next_boundary:
+                self._boundary(next_boundary)
+                bi += 1
+                next_boundary = boundaries[bi] if bi < len(boundaries) else INF
+                continue
+            if bi >= len(boundaries) and (self.outstanding == 0 or t > drain_until or t == INF):
+                break
+            self.now = t
+            self.events += 1
+            _, _, kind, a, b = pop(heap)
+            if kind == _COMPLETE:
+                assert isinstance(a, int)
+                if b == self.version[a]:
+                    self._completion(t, a)
+                else:
+                    self.events -= 1  # a stale completion is no model event
+            else:
+                self._twin_event(kind, a, b)
+            if not self.events & 0xFFFF:
+                self._tick(t, drain_until, report)
+        return self._raw(time.perf_counter() - wall)
+
+
+def simulate_twin(exp: Experiment, emulation: Emulation, progress: Progress | None = None) -> RawRun:
+    """The twin of a cluster run of ``exp`` (pure Python: the compiled engine does not take one)."""
+    return TwinSimulator(exp, emulation, progress).run()

@@ -1,0 +1,199 @@
+"""A lean HTTP/1.1 client for the task path: small JSON POSTs over kept-alive loopback connections.
+
+Every task crosses the cluster in two requests (client to dispatcher, dispatcher to node) and a probing
+policy adds d more. aiohttp's client spends about 120 µs of CPU on each such request on this kind of
+machine; this one about 15 µs (``benchmarks/bench_overhead.py`` measures both in one run). It does only what
+the task path needs: POST a body already encoded, with headers fixed per peer, and read a response that
+has a Content-Length (every aiohttp ``web.Response`` with a body has one). One request per connection at
+a time; a pool per peer keeps idle connections and opens new ones as requests overlap. Anything else a
+server may do (close the connection, answer without a length) fails the request with ``HttpError`` (an
+``OSError``, as connection failures are), never with a wrong answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol, cast
+from urllib.parse import urlsplit
+
+
+class HttpError(ConnectionError):
+    """The request failed on the connection or the response was not one this client reads."""
+
+
+class _Connection(asyncio.Protocol):
+    __slots__ = ("buffer", "closed", "pending", "transport")
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.pending: asyncio.Future[tuple[int, bytes]] | None = None
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not an asyncio.Transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        self._parse()
+
+    def _parse(self) -> None:
+        buf = self.buffer
+        end = buf.find(b"\r\n\r\n")
+        if end < 0:
+            return
+        fut = self.pending
+        try:
+            head = bytes(buf[:end]).lower()
+            if not head.startswith(b"http/1.1 "):
+                raise HttpError(f"not an HTTP/1.1 response: {head[:20]!r}")
+            status = int(head[9:12])
+            at = head.find(b"\r\ncontent-length:")
+            if at < 0:
+                raise HttpError("response without a Content-Length")
+            stop = head.find(b"\r\n", at + 2)
+            length = int(head[at + 17 : stop if stop > 0 else None])
+        except (ValueError, HttpError) as e:
+            self._fail(e if isinstance(e, HttpError) else HttpError(f"bad response head: {e}"))
+            return
+        total = end + 4 + length
+        if len(buf) < total:
+            return
+        body = bytes(buf[end + 4 : total])
+        del buf[:total]
+        if b"\r\nconnection: close" in head:
+            self.closed = True
+        self.pending = None
+        if fut is not None and not fut.done():
+            fut.set_result((status, body))
+
+    def _fail(self, exc: Exception) -> None:
+        self.closed = True
+        fut, self.pending = self.pending, None
+        if fut is not None and not fut.done():
+            fut.set_exception(exc)
+        if self.transport is not None:
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        fut, self.pending = self.pending, None
+        if fut is not None and not fut.done():
+            fut.set_exception(HttpError(f"connection lost: {exc or 'closed by the server'}"))
+
+
+class Observer(Protocol):
+    """Told of every request a pool makes (a benchmark keeping the balance of requests in flight)."""
+
+    def started(self) -> None: ...
+
+    def ended(self, status: int) -> None: ...
+
+    def failed(self) -> None: ...
+
+
+class HttpPool:
+    """Kept-alive connections to the origin of ``url``; ``headers`` go with every request."""
+
+    def __init__(
+        self, url: str, headers: dict[str, str] | None = None, observer: Observer | None = None
+    ) -> None:
+        self.observer = observer
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"{url!r}: only http://host:port URLs")
+        self.host, self.port = parts.hostname, parts.port or 80
+        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+        self._fixed = (
+            f"Host: {parts.netloc}\r\nContent-Type: application/json\r\n{extra}Content-Length: "
+        ).encode()
+        self._idle: list[_Connection] = []
+        self._open: set[_Connection] = set()
+
+    async def _connection(self) -> _Connection:
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.closed:
+                return conn
+            self._open.discard(conn)  # the server closed it while idle
+        loop = asyncio.get_running_loop()
+        try:
+            _, conn = await loop.create_connection(_Connection, self.host, self.port)
+        except OSError as e:
+            raise HttpError(f"cannot connect to {self.host}:{self.port}: {e.strerror or e}") from None
+        self._open.add(conn)
+        return conn
+
+    async def post(self, path: str, body: bytes, timeout: float | None = None) -> tuple[int, bytes]:
+        """POST ``body`` (JSON) to ``path``; (status, response body). HttpError or TimeoutError if not."""
+        if self.observer is not None:
+            self.observer.started()
+        try:
+            conn = await self._connection()
+        except HttpError:
+            if self.observer is not None:
+                self.observer.failed()
+            raise
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[tuple[int, bytes]] = loop.create_future()
+        conn.pending = fut
+        assert conn.transport is not None
+        conn.transport.write(
+            b"POST %s HTTP/1.1\r\n%s%d\r\n\r\n%s" % (path.encode(), self._fixed, len(body), body)
+        )
+        timer = None if timeout is None else loop.call_later(timeout, _expire, conn, fut)
+        try:
+            status, data = await fut
+        except BaseException:
+            if self.observer is not None:
+                self.observer.failed()
+            conn.closed = True  # a request that did not finish leaves the connection in an unknown state
+            if conn.transport is not None:
+                conn.transport.close()
+            self._open.discard(conn)
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+        if conn.closed:
+            self._open.discard(conn)
+            if conn.transport is not None:
+                conn.transport.close()
+        else:
+            self._idle.append(conn)
+        if self.observer is not None:
+            self.observer.ended(status)
+        return status, data
+
+    def close(self) -> None:
+        for conn in list(self._open):
+            conn.closed = True
+            if conn.transport is not None:
+                conn.transport.close()
+        self._open.clear()
+        self._idle.clear()
+
+
+def _expire(conn: _Connection, fut: asyncio.Future[tuple[int, bytes]]) -> None:
+    if not fut.done():
+        fut.set_exception(TimeoutError("no answer in time"))
+    conn.closed = True
+
+
+class Peers:
+    """One ``HttpPool`` per origin, made on first use."""
+
+    def __init__(self, headers: dict[str, str] | None = None) -> None:
+        self.headers = headers or {}
+        self._pools: dict[str, HttpPool] = {}
+
+    def pool(self, origin: str) -> HttpPool:
+        pool = self._pools.get(origin)
+        if pool is None:
+            pool = self._pools[origin] = HttpPool(origin, self.headers)
+        return pool
+
+    def close(self) -> None:
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
