@@ -61,6 +61,32 @@ def netns_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
+def preflight(
+    exp: Experiment, args: argparse.Namespace, say: Callable[[str], None]
+) -> tuple[Experiment, dict[str, Any], str | None]:
+    """Resolve ``time_scale = "auto"`` and judge what the spec asks of this machine, before anything
+    starts: (the experiment to run, what the report records, a refusal or None)."""
+    from lbtestbed.experiment import preflight as pf
+
+    cal = pf.load_calibration(say)
+    dispatchers, processes = getattr(args, "dispatchers", 1), getattr(args, "node_processes", None)
+    record: dict[str, Any] = {"calibration": cal.to_json()}
+    if exp.run.auto_time_scale:
+        scale, why = pf.auto_time_scale(exp, cal, dispatchers, processes)
+        exp = pf.resolve(exp, scale)
+        record["time_scale"] = {"auto": True, "picked": scale, "why": why}
+        say(why)
+    est = pf.estimate(exp, cal, None, dispatchers, processes)
+    level, line = pf.judge(est, cal)
+    record["estimate"] = {**est.to_json(), "level": level, "why": line}
+    if level == "refuse" and not getattr(args, "force", False):
+        hint = 'raise run.time_scale (time_scale = "auto" picks one) or pass --force'
+        return exp, record, f"{exp.source}: {line}; {hint}"
+    if level != "ok":
+        say(f"warning: {line}")
+    return exp, record, None
+
+
 def _bad_input(message: str) -> int:
     print(f"lbt: error: {message}", file=sys.stderr)
     return EXIT_BAD_INPUT
@@ -164,6 +190,9 @@ def cmd_cluster(args: argparse.Namespace) -> int:
             problem = dispatcher_problem(exp, args.dispatchers) or netns_problem(args)
             if problem:
                 return _bad_input(problem)
+            exp, _, refusal = preflight(exp, args, lambda line: print(f"lbt: {line}", file=sys.stderr))
+            if refusal:
+                return _bad_input(refusal)
             if args.with_prometheus:
                 prometheus = _prometheus_problem(args)
                 if prometheus:
@@ -262,7 +291,18 @@ def cmd_load(args: argparse.Namespace) -> int:
         "max_outstanding": args.max_outstanding,
     }
     try:
-        plan = build_plan(load_spec(args.spec, args.set), dispatchers=urls, **options)
+        exp = load_spec(args.spec, args.set)
+        if exp.run.auto_time_scale:  # the scale the cluster was started with (lbt cluster up picked it)
+            from lbtestbed.experiment.preflight import resolve
+
+            try:
+                exp = resolve(exp, ClusterFile.load(Path(args.cluster)).experiment().run.time_scale)
+            except ClusterError:
+                return _bad_input(
+                    f'{exp.source}: run.time_scale = "auto" needs the cluster that picked it (--cluster) '
+                    "or a number: --set run.time_scale=X"
+                )
+        plan = build_plan(exp, dispatchers=urls, **options)
     except (OSError, ValueError) as e:
         print(f"lbt: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -344,26 +384,37 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from lbtestbed.analysis.report.run_report import terminal
     from lbtestbed.experiment.runner import existing_cluster, run_experiment
-    from lbtestbed.transport.cluster_file import ClusterError
+    from lbtestbed.transport.cluster_file import ClusterError, ClusterFile
 
     exp = load_spec(args.spec, args.set)  # a bad spec fails before anything starts
     problem = dispatcher_problem(exp, args.dispatchers) or netns_problem(args)
     if problem:
         return _bad_input(problem)
+    say = _stages(args.quiet)
+    record: dict[str, Any] = {}
     if args.endpoints:
         try:  # the cluster named must exist and run this experiment: checked before anything starts
+            if exp.run.auto_time_scale:  # the cluster's processes run at the scale they were started with
+                from lbtestbed.experiment.preflight import resolve
+
+                running = ClusterFile.load(Path(args.endpoints)).experiment()
+                exp = resolve(exp, running.run.time_scale)
             existing_cluster(exp, Path(args.endpoints))
-        except ClusterError as e:
+        except (ClusterError, SpecError) as e:
             return _bad_input(f"--endpoints: {e}")
+    else:
+        exp, record, refusal = preflight(exp, args, say)
+        if refusal:
+            return _bad_input(refusal)
     directory = (
         Path(args.out) if args.out else Path("reports") / f"{exp.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
-    say = _stages(args.quiet)
     try:
         rep, files = run_experiment(
             exp,
             directory,
             say,
+            preflight=record,
             simulate=not args.no_simulation,
             endpoints=Path(args.endpoints) if args.endpoints else None,
             dispatchers=args.dispatchers,
@@ -393,14 +444,19 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     exp = load_spec(args.spec)  # the file itself first; every point is checked before the first runs
     grid = experiments(args.spec, args.set)
-    for _, point in grid if not args.simulate_only else ():
-        problem = dispatcher_problem(point, args.dispatchers)
-        if problem:
-            return _bad_input(problem)
+    say = _stages(args.quiet)
+    if not args.simulate_only:  # every point is checked (and its time scale picked) before the first runs
+        for i, (settings, point) in enumerate(grid):
+            problem = dispatcher_problem(point, args.dispatchers)
+            if problem:
+                return _bad_input(problem)
+            resolved, _, refusal = preflight(point, args, say)
+            if refusal:
+                return _bad_input(f"sweep point {' '.join(settings)}: {refusal}")
+            grid[i] = (settings, resolved)
     directory = (
         Path(args.out) if args.out else Path("reports") / f"sweep-{exp.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
-    say = _stages(args.quiet)
     try:
         points = sweep(
             grid,
@@ -550,6 +606,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_overrides(clu)
     _add_netns(clu)
+    clu.add_argument(
+        "--force", action="store_true", help="start even when the spec would saturate this machine"
+    )
     clu.add_argument("--json", action="store_true", help="print the processes as JSON")
     clu.add_argument("--foreground", action="store_true", help="stay until Ctrl-C, then stop the cluster")
     clu.set_defaults(func=cmd_cluster)
@@ -656,6 +715,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_netns(run)
     run.add_argument("--no-simulation", action="store_true", help="compare with the theory only")
+    run.add_argument(
+        "--force",
+        action="store_true",
+        help="run even when the pre-flight estimate says the spec would saturate this machine",
+    )
     _add_overrides(run)
     run.add_argument("--json", action="store_true", help="print results.json's object instead of the table")
     run.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -688,6 +752,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--dispatchers", type=at_least(1), default=1, metavar="K", help="dispatchers per cluster"
     )
     swp.add_argument("--node-processes", type=at_least(1), default=None, metavar="P", help="node processes")
+    swp.add_argument(
+        "--force",
+        action="store_true",
+        help="run points the pre-flight estimate says would saturate the machine",
+    )
     swp.add_argument("--json", action="store_true", help="print sweep.json's object instead of the table")
     swp.add_argument("--quiet", action="store_true", help="no progress on stderr")
     swp.set_defaults(func=cmd_sweep)

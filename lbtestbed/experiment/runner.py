@@ -440,6 +440,7 @@ def run_experiment(
     say: Say,
     *,
     simulate: bool = True,
+    preflight: dict[str, Any] | None = None,
     **cluster_options: Any,
 ) -> tuple[RunReport, list[Path]]:
     """The whole of ``lbt run``: cluster, simulation, theory, verdicts and the report directory."""
@@ -475,7 +476,11 @@ def run_experiment(
     lost = int(load["refused"]) + int(load["lost"]) + int(load["failed"])  # type: ignore[call-overload]
     if lost:
         warnings.append(f"{lost} tasks did not complete (refused, lost or failed): see results.json")
-    context = {"metrics_source": m.source, "directory": str(directory)}
+    context: dict[str, Any] = {"metrics_source": m.source, "directory": str(directory)}
+    if preflight:
+        context["preflight"] = preflight
+        if "time_scale" in preflight:
+            warnings.insert(0, preflight["time_scale"]["why"])
     rep = report.build(
         exp,
         Side(cluster, raw),

@@ -116,6 +116,9 @@ class RunSpec:
     duration: float
     time_scale: float = 1.0
     batches: int = 20
+    # time_scale = "auto": lbt run (and lbt cluster up) pick it for the machine before anything starts
+    # (docs/run.md, "Before it starts"); time_scale then holds 1.0 until they do
+    auto_time_scale: bool = False
 
 
 @dataclass(frozen=True)
@@ -478,11 +481,15 @@ def parse_spec(data: Mapping[str, Any], source: str = "<spec>") -> Experiment:
     rr = top.sub("run")
     rr.check_keys(("warmup", "duration", "time_scale", "batches"))
     duration = rr.number("duration")
+    auto = rr.get("time_scale") == "auto"
+    if isinstance(rr.get("time_scale"), str) and not auto:
+        raise rr.fail("time_scale", f'must be a positive number or "auto", got {_show(rr.get("time_scale"))}')
     run = RunSpec(
         warmup=rr.number("warmup", default=duration / 10, positive=False),
         duration=duration,
-        time_scale=rr.number("time_scale", default=1.0),
+        time_scale=1.0 if auto else rr.number("time_scale", default=1.0),
         batches=rr.integer("batches", default=20, minimum=2),
+        auto_time_scale=auto,
     )
 
     network = NetworkSpec()

@@ -367,6 +367,58 @@ def _explanation(rep: RunReport) -> str:
     )
 
 
+LEG_WORDS = {
+    "late": "the generator's lateness (intended send to request)",
+    "to_dispatcher": "request to the dispatcher's accept",
+    "decide": "accept to decision (probes included)",
+    "forward": "decision to the node's arrival",
+    "notify": "the node's completion to the dispatcher reading its reply",
+    "reply": "the node's completion to the client reading the answer",
+    "total": "transport-and-dispatch overhead (sojourn minus stay)",
+}
+
+
+def _time_section(rep: RunReport) -> list[str]:
+    """The overhead decomposition: every leg's p50 and p99, and the message ages by kind."""
+    o = rep.cluster.extras.get("overhead")
+    if not o:
+        return []
+    rows = [["leg", "what", "p50 ms", "p99 ms", "p50 model s", "p99 model s"]]
+    for name, q in o["legs"].items():
+        rows.append(
+            [
+                name,
+                LEG_WORDS.get(name, ""),
+                _num(q.get("p50_ms")),
+                _num(q.get("p99_ms")),
+                _num(q.get("p50_model")),
+                _num(q.get("p99_model")),
+            ]
+        )
+    for label, ages in (("message", o.get("message_age", {})), ("rider", o.get("rider_age", {}))):
+        for kind, q in ages.items():
+            what = "sent on its own request" if label == "message" else "riding on a reply"
+            rows.append(
+                [
+                    f"age of {kind}",
+                    what,
+                    _num(q.get("p50_ms")),
+                    _num(q.get("p99_ms")),
+                    _num(q.get("p50_model")),
+                    _num(q.get("p99_model")),
+                ]
+            )
+    return [
+        "## Where the time goes",
+        "",
+        table(rows, markdown=True),
+        "",
+        "Every leg is a difference of two readings of the machine's monotonic clock, which all the "
+        'cluster\'s processes share (docs/run.md, "Where the time goes"); `tasks.csv` has them per task.',
+        "",
+    ]
+
+
 def markdown(rep: RunReport, images: Sequence[Path]) -> str:
     e, c = rep.exp, rep.cluster
     load = c.extras.get("load", {})
@@ -384,6 +436,7 @@ def markdown(rep: RunReport, images: Sequence[Path]) -> str:
     if rep.warnings:
         out += ["## Warnings", "", *(f"- {w}" for w in rep.warnings), ""]
     out += _faults_section(rep)
+    out += _time_section(rep)
     out += ["## Messages per task by kind", "", _messages_table(rep), ""]
     overhead = c.extras.get("network_overhead", {})
     out += [
