@@ -188,3 +188,22 @@ def test_paired_tail_is_family_wise_with_t_quantiles() -> None:
     assert v.worst_j == 2 and v.distance == pytest.approx(t_worst, rel=1e-9)
     assert v.agrees is bool(t_worst <= z)
     assert f"|t| <= {z:.2f}" in v.why and "2 points" in v.why
+
+
+def test_tail_levels_rare_on_both_sides_are_not_compared() -> None:
+    """A level that almost every node reaches (the complement under 0.1 %) is as rare an event as one
+    that almost none reaches: left out, however far apart the two runs' few such moments are."""
+    b = 10
+    a = run_with({}, [[1.0]] * b)
+    s = run_with({}, [[1.0]] * b)
+    for raw, level1 in ((a, 0.9995), (s, 0.9999)):  # 5 and 1 in ten thousand node-seconds below level 1
+        raw.ratios["tail:0:1"] = (np.full(b, level1), np.ones(b))
+        raw.ratios["tail:0:2"] = (np.full(b, 0.4), np.ones(b))
+    s.ratios["tail:0:2"] = (np.full(b, 0.4) + np.linspace(-0.01, 0.01, b), np.ones(b))
+    exp = experiment()
+    v = next(
+        v
+        for v in compare(Side(summarize(exp, [a], "cluster"), a), Side(summarize(exp, [s]), s))
+        if v.metric.startswith("occupancy_tail")
+    )
+    assert v.worst_j == 2 and "1 points" in v.why  # level 1 left out, level 2 compared

@@ -31,7 +31,7 @@ from lbtestbed.analysis.results.result import METRICS, Result
 Z95 = 1.959963984540054
 #: the scalar metrics compared (the tail is handled per class)
 SCALARS = tuple(m for m in METRICS if m != "occupancy_tail")
-#: tail points below this fraction of nodes are too rare to compare
+#: tail points below this fraction of nodes, or above 1 minus it, are too rare to compare
 TAIL_FLOOR = 1e-3
 #: relative tolerance of values compared without any interval (rounding of the same number)
 EXACT = 1e-9
@@ -169,8 +169,8 @@ def compare_tail(
         b = expected[j] if j < len(expected) else beyond
         if a.get("value") is None or b.get("value") is None:
             continue
-        if max(a["value"], b["value"]) < TAIL_FLOOR:
-            continue
+        if max(a["value"], b["value"]) < TAIL_FLOOR or min(a["value"], b["value"]) > 1.0 - TAIL_FLOOR:
+            continue  # rare on both sides, above or below the level: too few moments to compare
         se, df = _combined(a.get("ci95"), a.get("df"), b.get("ci95"), b.get("df"))
         points.append((j, a["value"], b["value"], se, df))
     v = Verdict(f"occupancy_tail[{name}]", reference, None, None, None, None, None, None, counts)

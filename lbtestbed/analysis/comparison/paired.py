@@ -142,15 +142,18 @@ def tail_levels(raw: RawRun, c: int) -> int:
 
 
 def paired_tail(a: RawRun, b: RawRun, c: int, floor: float) -> list[tuple[int, Paired]]:
-    """Class c's occupancy tail, level by level (j >= 1), paired by batch; levels where neither run holds
-    at least ``floor`` of the class's nodes are left out. A run whose tail stops early holds no node at
-    the levels beyond its end (0 in every batch)."""
+    """Class c's occupancy tail, level by level (j >= 1), paired by batch. A level is left out where what
+    it counts is rare on both runs: fewer than ``floor`` of the class's nodes hold j tasks or more, or
+    fewer than ``floor`` hold fewer (a batch then sees a handful of such moments, and a t interval on
+    those is no interval). A run whose tail stops early holds no node at the levels beyond its end (0 in
+    every batch)."""
     out = []
     for j in range(1, max(tail_levels(a, c), tail_levels(b, c))):
         key = f"tail:{c}:{j}"
         va = batch_values(a, key) if key in a.ratios else {p: 0.0 for p in positions(a)}
         vb = batch_values(b, key) if key in b.ratios else {p: 0.0 for p in positions(b)}
-        if max(_pooled(a, key), _pooled(b, key)) < floor:
+        pa, pb = _pooled(a, key), _pooled(b, key)
+        if max(pa, pb) < floor or min(pa, pb) > 1.0 - floor:
             continue
         p = pair(va, vb, log_scale=False)
         if p is not None:
