@@ -15,7 +15,9 @@ import numpy as np
 from lbtestbed.analysis.results.raw import RawRun
 from lbtestbed.analysis.results.result import Result
 
-COLORS = {"cluster": "tab:blue", "simulation": "tab:orange", "theory": "black"}
+COLORS = {"cluster": "tab:blue", "twin": "tab:green", "simulation": "tab:orange", "theory": "black"}
+#: the twin lies on the cluster where the emulation is faithful: dashed, so that both show
+LINES = {"twin": "--"}
 
 
 def _pyplot() -> Any:
@@ -54,7 +56,8 @@ def occupancy_tail(directory: Path, results: Sequence[Result]) -> Path:
             else:
                 low = np.minimum(ci[keep], 0.9 * v[keep])  # a log axis cannot show an interval below 0
                 yerr = np.vstack([low, ci[keep]])
-                ax.errorbar(j[keep], v[keep], yerr=yerr, marker="o", ms=3, capsize=2, **style)
+                line = LINES.get(res.source, "-")
+                ax.errorbar(j[keep], v[keep], yerr=yerr, marker="o", ms=3, capsize=2, linestyle=line, **style)
         ax.set_yscale("log")
         ax.set_xlabel("j (tasks at a node)")
         ax.set_ylabel("fraction of nodes with ≥ j tasks")
@@ -183,7 +186,14 @@ def sojourn(directory: Path, samples: Mapping[str, Sequence[float]], theory: Res
             continue
         x = np.sort(np.asarray(s, float))
         p = 1.0 - np.arange(1, len(x) + 1) / len(x)  # P(S > x) just after each sorted sample
-        ax.step(x, p, where="post", color=COLORS.get(source), label=f"{source} ({len(x)} tasks)")
+        ax.step(
+            x,
+            p,
+            where="post",
+            color=COLORS.get(source),
+            linestyle=LINES.get(source, "-"),
+            label=f"{source} ({len(x)} tasks)",
+        )
     if theory is not None:
         for q, key in ((0.5, "sojourn_p50"), (0.01, "sojourn_p99")):
             v = theory.value(key)

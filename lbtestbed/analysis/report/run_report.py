@@ -468,7 +468,7 @@ def write(
 ) -> list[Path]:
     """Write results.json, the plots and report.md; returns the files written."""
     directory.mkdir(parents=True, exist_ok=True)
-    results = [r for r in (rep.cluster, rep.simulation, rep.theory) if r is not None]
+    results = [r for r in (rep.cluster, rep.twin, rep.simulation, rep.theory) if r is not None]
     e = rep.exp
     images: list[Path | None] = [
         plots.occupancy_tail(directory, results),
