@@ -108,3 +108,14 @@ def test_late_departure_notices_make_jsq_worse() -> None:
     mean = lambda raw: float(raw.ratios["mean_sojourn"][0].sum() / raw.ratios["mean_sojourn"][1].sum())  # noqa: E731
     assert mean(slow) > mean(fast)
     assert slow.ratios["mean_sojourn"][1].sum() == fast.ratios["mean_sojourn"][1].sum()  # the same tasks
+
+
+def test_a_trace_that_ends_inside_the_window_ends_the_twin() -> None:
+    """Nothing arrives after the trace's last task: the twin closes the remaining batches and stops (the
+    engine's loop used to need arrivals that never end)."""
+    exp = experiment(QUEUES, {"name": "random"})
+    tasks = [(t, w) for t, w in trace(exp) if t < exp.run.warmup + exp.run.duration / 2]
+    raw = TwinSimulator(exp, Emulation(tasks, {t: (0.0,) * 6 for t, _ in tasks})).run()
+    assert raw.batches == exp.run.batches
+    counts = raw.ratios["mean_sojourn"][1]
+    assert counts[: exp.run.batches // 2].min() > 0 and counts[exp.run.batches // 2 + 1 :].max() == 0

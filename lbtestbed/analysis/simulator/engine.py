@@ -131,11 +131,17 @@ class Simulator:
         if self.batch >= 0:
             self.msg_counts[kind][self.batch] += times
 
-    def _to_dispatcher(self, msgs: tuple[Message, ...]) -> None:
+    def _message_delay(self, kind: str, answer: bool) -> float | None:
+        """How long a state message of ``kind`` travels (None: it arrives at once); ``answer``: it answers
+        a message of the receiver's. The spec's network delay; the twin draws measured ages instead."""
+        return self.delay() if self.delay is not None else None
+
+    def _to_dispatcher(self, msgs: tuple[Message, ...], answer: bool = False) -> None:
         for m in msgs:
             self._count(m.kind)
-            if self.delay is not None:
-                self._push(self.now + self.delay(), _AT_DISPATCHER, m)
+            delay = self._message_delay(m.kind, answer)
+            if delay is not None:
+                self._push(self.now + delay, _AT_DISPATCHER, m)
             else:
                 out = self.dispatcher.on_message(m)
                 if out:
@@ -144,12 +150,13 @@ class Simulator:
     def _to_nodes(self, msgs: tuple[Message, ...]) -> None:
         for m in msgs:
             self._count(m.kind)
-            if self.delay is not None:
-                self._push(self.now + self.delay(), _AT_NODE, m)
+            delay = self._message_delay(m.kind, False)
+            if delay is not None:
+                self._push(self.now + delay, _AT_NODE, m)
             else:
                 out = self.sides[m.node].on_message(m, self.nodes[m.node].x)
                 if out:
-                    self._to_dispatcher(out)
+                    self._to_dispatcher(out, answer=True)
 
     def _reschedule(self, k: int) -> None:
         t = self.nodes[k].next_completion()
@@ -262,7 +269,7 @@ class Simulator:
             assert isinstance(a, Message)
             out = self.sides[a.node].on_message(a, self.nodes[a.node].x)
             if out:
-                self._to_dispatcher(out)
+                self._to_dispatcher(out, answer=True)
         elif kind == _PROBE_AT_NODE:
             assert isinstance(a, _Pending) and isinstance(b, int)
             k = a.probe.nodes[b]
@@ -325,10 +332,14 @@ class Simulator:
         if self.slta is not None and len(self.snapshots) in (1, self.B + 1):
             self.r_series.append((t, self.r))  # the series starts and ends with the window
 
+    def _window(self) -> tuple[list[float], float]:
+        """The batch boundaries of the measured window, and the model time the run may drain until."""
+        boundaries = [self.t_start + b * self.batch_len for b in range(self.B)] + [self.t_end]
+        return boundaries, self.t_end + self.exp.run.duration
+
     def run(self) -> RawRun:
         wall = time.perf_counter()
-        boundaries = [self.t_start + b * self.batch_len for b in range(self.B)] + [self.t_end]
-        drain_until = self.t_end + self.exp.run.duration
+        boundaries, drain_until = self._window()
         if self.delay is None:
             self._run_direct(boundaries, drain_until)
         else:
@@ -351,13 +362,14 @@ class Simulator:
         while True:
             t_heap = heap[0][0] if heap else INF
             t = t_arr if t_arr <= t_heap else t_heap
+            # past the window: done once its tasks are (or the drain ends, or nothing is left to happen)
+            if bi >= len(boundaries) and (self.outstanding == 0 or t > drain_until):
+                break
             if t >= next_boundary:
                 self._boundary(next_boundary)
                 bi += 1
                 next_boundary = boundaries[bi] if bi < len(boundaries) else INF
                 continue
-            if bi >= len(boundaries) and (self.outstanding == 0 or t > drain_until):
-                break
             self.now = t
             self.events += 1
             if t_arr <= t_heap:

@@ -25,7 +25,6 @@ checks, and whatever the cluster did that its legs do not show.
 
 from __future__ import annotations
 
-import heapq
 import math
 import random
 import time
@@ -36,9 +35,6 @@ import numpy as np
 
 from lbtestbed.analysis.results.raw import RawRun
 from lbtestbed.analysis.simulator.engine import (
-    _AT_DISPATCHER,
-    _AT_NODE,
-    _COMPLETE,
     _TASK_AT_NODE,
     INF,
     Progress,
@@ -98,37 +94,21 @@ class TwinSimulator(Simulator):
         self.ages = {k: list(v) for k, v in emulation.message_ages.items() if len(v)}
         self.rider_ages = {k: list(v) for k, v in emulation.rider_ages.items() if len(v)}
         self.age_rng: random.Random = seeded_random(exp.seed, "network", 7000)
+        self.workload = _NoArrivals()  # type: ignore[assignment]
 
     # ----------------------------------------------------------------------------- message delays
 
-    def _age(self, kind: str, rider: bool = False) -> float:
-        pool = (self.rider_ages.get(kind) or self.ages.get(kind)) if rider else self.ages.get(kind)
+    def _message_delay(self, kind: str, answer: bool) -> float | None:
+        """A measured age of a message of ``kind`` (an answer rides on the reply to its message: the ages
+        of riders first); None, at once, where the cluster measured none."""
+        pool = self.ages.get(kind)
+        if answer:
+            pool = self.rider_ages.get(kind) or pool
         pool = pool or self.rider_ages.get(kind)
         if not pool:
-            return 0.0
-        return pool[int(self.age_rng.random() * len(pool))]
-
-    def _to_dispatcher(self, msgs: tuple[Message, ...], rider: bool = False) -> None:
-        for m in msgs:
-            self._count(m.kind)
-            age = self._age(m.kind, rider)
-            if age > 0.0:
-                self._push(self.now + age, _AT_DISPATCHER, m)
-            else:
-                out = self.dispatcher.on_message(m)
-                if out:
-                    self._to_nodes(out)
-
-    def _to_nodes(self, msgs: tuple[Message, ...]) -> None:
-        for m in msgs:
-            self._count(m.kind)
-            age = self._age(m.kind)
-            if age > 0.0:
-                self._push(self.now + age, _AT_NODE, m)
-            else:
-                out = self.sides[m.node].on_message(m, self.nodes[m.node].x)
-                if out:
-                    self._to_dispatcher(out, rider=True)
+            return None
+        age = pool[int(self.age_rng.random() * len(pool))]
+        return age if age > 0.0 else None
 
     # --------------------------------------------------------------------------------------- tasks
 
@@ -185,7 +165,7 @@ class TwinSimulator(Simulator):
         self._push(t + notify, _NOTIFY, k, ride)
         self._push(t + max(notify, leave), _LEAVE, k)
 
-    def _twin_event(self, kind: int, a: object, b: object) -> None:
+    def _heap_event(self, kind: int, a: object, b: object) -> None:
         if kind == _ACCEPT:
             assert isinstance(a, int)
             self._accept(a)
@@ -210,49 +190,27 @@ class TwinSimulator(Simulator):
                 if out:
                     self._to_nodes(out)
             self.dispatcher.on_task_done(a)
-        elif kind == _AT_NODE:
-            assert isinstance(a, Message)
-            out = self.sides[a.node].on_message(a, self.nodes[a.node].x)
-            if out:
-                self._to_dispatcher(out, rider=True)  # an answer rides on the reply to its message
         else:
-            self._heap_event(kind, a, b)
+            super()._heap_event(kind, a, b)
 
     # ----------------------------------------------------------------------------------------- run
 
     def run(self) -> RawRun:
+        """The engine's general loop, its arrivals the accept events of the run's trace."""
         wall = time.perf_counter()
         for i, (t, _) in enumerate(self.emulation.tasks):
             self._push(t + self.task_legs[i][0], _ACCEPT, i)
-        boundaries = [self.t_start + b * self.batch_len for b in range(self.B)] + [self.t_end]
-        drain_until = self.t_end + self.exp.run.duration
-        heap = self.heap
-        pop = heapq.heappop
-        bi, next_boundary = 0, boundaries[0]
-        report = [time.perf_counter() + 1.0]
-        while True:
-            t = heap[0][0] if heap else INF
-            if t >= next_boundary:
-                self._boundary(next_boundary)
-                bi += 1
-                next_boundary = boundaries[bi] if bi < len(boundaries) else INF
-                continue
-            if bi >= len(boundaries) and (self.outstanding == 0 or t > drain_until or t == INF):
-                break
-            self.now = t
-            self.events += 1
-            _, _, kind, a, b = pop(heap)
-            if kind == _COMPLETE:
-                assert isinstance(a, int)
-                if b == self.version[a]:
-                    self._completion(t, a)
-                else:
-                    self.events -= 1  # a stale completion is no model event
-            else:
-                self._twin_event(kind, a, b)
-            if not self.events & 0xFFFF:
-                self._tick(t, drain_until, report)
+        self._run_general(*self._window())
         return self._raw(time.perf_counter() - wall)
+
+
+class _NoArrivals:
+    """The workload of the twin's engine loop: none of its own (the trace's tasks come as events)."""
+
+    count = 0
+
+    def next(self) -> tuple[float, float]:
+        return INF, 0.0
 
 
 def simulate_twin(exp: Experiment, emulation: Emulation, progress: Progress | None = None) -> RawRun:
