@@ -136,16 +136,8 @@ class DispatcherHost:
             buckets=wire.WALL_BUCKETS,
             registry=self.registry,
         )
-        self.ages = wire.MessageAges(
-            Histogram(
-                "lbtestbed_dispatcher_message_age_seconds",
-                "Wall time from a state message's send to its apply at this dispatcher, by kind",
-                ["kind"],
-                buckets=wire.WALL_BUCKETS,
-                registry=self.registry,
-            ),
-            self.scale,
-        )
+        self.leg = {name: self.legs.labels(name) for name in ("decide", "to_node", "node_reply", "from_node")}
+        self.ages = wire.MessageAges("dispatcher", self.registry, self.scale)
         self.faults = MessageFaults(exp, index)
         self.health = Health(self)
         self.registry.register(_DispatcherCollector(self))
@@ -297,11 +289,11 @@ class DispatcherHost:
             legs["node_replied"] = replied
         except (KeyError, TypeError, ValueError):
             return legs  # a node that does not stamp (an older version): the legs it would give are missing
-        observe = self.legs.labels
-        observe("decide").observe(decided - accepted)
-        observe("to_node").observe(max(0.0, arrived - forwarded))
-        observe("node_reply").observe(max(0.0, replied - due))
-        observe("from_node").observe(max(0.0, answered - replied))
+        leg = self.leg
+        leg["decide"].observe(decided - accepted)
+        leg["to_node"].observe(max(0.0, arrived - forwarded))
+        leg["node_reply"].observe(max(0.0, replied - due))
+        leg["from_node"].observe(max(0.0, answered - replied))
         return legs
 
     # --------------------------------------------------------------------------------- messages

@@ -95,16 +95,7 @@ class NodeHost:
             buckets=wire.WALL_BUCKETS,
             registry=self.registry,
         )
-        self.ages = wire.MessageAges(
-            Histogram(
-                "lbtestbed_node_message_age_seconds",
-                "Wall time from a state message's send to its apply at this node, by kind",
-                ["kind"],
-                buckets=wire.WALL_BUCKETS,
-                registry=self.registry,
-            ),
-            self.scale,
-        )
+        self.ages = wire.MessageAges("node", self.registry, self.scale)
 
     # ------------------------------------------------------------------------------------------ clock
 

@@ -131,11 +131,20 @@ WALL_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2e-3, 5e-3, 0.01, 0.025, 0.05, 0
 
 class MessageAges:
     """The age of every state message a process applied (its apply instant minus the sender's ``sent``),
-    by kind: a Prometheus histogram in wall seconds, and the most recent ages in model seconds for
-    ``GET /v1/timings`` (the twin simulation draws its message delays from them)."""
+    by kind: the histogram ``lbtestbed_<role>_message_age_seconds{kind}`` in wall seconds, and the most
+    recent ages in model seconds for ``GET /v1/timings`` (the twin simulation draws its delays from them)."""
 
-    def __init__(self, histogram: Any, scale: float) -> None:
-        self.histogram, self.scale = histogram, scale
+    def __init__(self, role: str, registry: Any, scale: float) -> None:
+        from prometheus_client import Histogram
+
+        self.histogram = Histogram(
+            f"lbtestbed_{role}_message_age_seconds",
+            f"Wall time from a state message's send to its apply at this {role}, by kind",
+            ["kind"],
+            buckets=WALL_BUCKETS,
+            registry=registry,
+        )
+        self.scale = scale
         self.recent: dict[str, deque[float]] = {}  # messages sent on a request of their own
         self.riders: dict[str, deque[float]] = {}  # messages that rode on the reply to a request
 
