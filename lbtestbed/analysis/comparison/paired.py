@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lbtestbed.analysis.results.raw import RawRun
+from lbtestbed.analysis.results.result import QUANTILE_METRICS, RATIO_METRICS
 from lbtestbed.analysis.results.statistics import t_quantile
 
 #: metrics compared on the log scale (per-batch log ratios); the others by their per-batch difference
@@ -35,19 +36,6 @@ LOG_SCALE = frozenset(
         "messages_per_task",
     }
 )
-#: ratio metrics of a RawRun, by the result's metric name
-RATIOS = (
-    "mean_sojourn",
-    "mean_tasks_per_node",
-    "tasks_in_system",
-    "utility",
-    "wait_probability",
-    "idle_capacity",
-    "idle_nodes",
-    "messages_per_task",
-    "slta_r",
-)
-QUANTILES = {"sojourn_p50": 0.5, "sojourn_p99": 0.99}
 
 
 @dataclass(frozen=True)
@@ -92,8 +80,8 @@ def positions(raw: RawRun) -> list[int]:
 def batch_values(raw: RawRun, metric: str) -> dict[int, float]:
     """Each batch's estimate of ``metric`` by window position; batches without one are left out."""
     pos = positions(raw)
-    if metric in QUANTILES:
-        q = QUANTILES[metric]
+    if metric in QUANTILE_METRICS:
+        q = QUANTILE_METRICS[metric]
         return {p: float(np.quantile(s, q)) for p, s in zip(pos, raw.sojourns, strict=True) if len(s)}
     if metric not in raw.ratios:
         return {}
@@ -105,7 +93,7 @@ def batch_table(raw: RawRun) -> dict[str, dict[str, float]]:
     """Every scalar metric's estimate batch by batch, by window position (``results.json``'s
     ``batch_values``: what a paired comparison compares, for anyone to recompute it)."""
     out = {}
-    for metric in (*RATIOS, *QUANTILES):
+    for metric in (*RATIO_METRICS, *QUANTILE_METRICS):
         values = batch_values(raw, metric)
         if values:
             out[metric] = {str(p): v for p, v in sorted(values.items())}

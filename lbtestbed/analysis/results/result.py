@@ -34,6 +34,21 @@ METRICS = (
     "slta_r",
 )
 
+#: metrics that are ratios of a run's batch sums (RawRun.ratios under the same key)
+RATIO_METRICS = (
+    "mean_sojourn",
+    "mean_tasks_per_node",
+    "utility",
+    "wait_probability",
+    "idle_capacity",
+    "idle_nodes",
+    "messages_per_task",
+    "slta_r",
+    "tasks_in_system",
+)
+#: metrics that are quantiles of the sojourns, and their levels
+QUANTILE_METRICS = {"sojourn_p50": 0.5, "sojourn_p99": 0.99}
+
 #: occupancy tails stop at the first j whose (pooled) fraction falls below this
 TAIL_CUTOFF = 1e-6
 
@@ -93,23 +108,10 @@ def _quantile(raws: Sequence[RawRun], q: float) -> Estimate:
 
 def summarize(exp: Experiment, raws: Sequence[RawRun], source: str = "simulation") -> Result:
     """Turn the measurements of one or more replications into the shared result object."""
-    est = {
-        key: _estimate(raws, key)
-        for key in (
-            "mean_sojourn",
-            "mean_tasks_per_node",
-            "utility",
-            "wait_probability",
-            "idle_capacity",
-            "idle_nodes",
-            "messages_per_task",
-            "slta_r",
-            "tasks_in_system",
-        )
-    }
+    est = {key: _estimate(raws, key) for key in RATIO_METRICS}
     metrics: dict[str, Any] = {k: e.to_json() for k, e in est.items()}
-    metrics["sojourn_p50"] = _quantile(raws, 0.5).to_json()
-    metrics["sojourn_p99"] = _quantile(raws, 0.99).to_json()
+    for metric, q in QUANTILE_METRICS.items():
+        metrics[metric] = _quantile(raws, q).to_json()
     metrics["mean_sojourn"]["by_class"] = {
         c.name: _estimate(raws, f"sojourn:{i}").to_json() for i, c in enumerate(exp.classes)
     }
