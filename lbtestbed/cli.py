@@ -494,6 +494,16 @@ def _add_netns(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_force(parser: argparse.ArgumentParser) -> None:
+    """``--force``, the same for every command that starts a cluster."""
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="go on even when the pre-flight estimate says the spec would saturate this machine "
+        "(docs/run.md, Before it starts)",
+    )
+
+
 def _add_overrides(parser: argparse.ArgumentParser) -> None:
     """``--set``, the same for every command that reads a spec."""
     parser.add_argument(
@@ -606,9 +616,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_overrides(clu)
     _add_netns(clu)
-    clu.add_argument(
-        "--force", action="store_true", help="start even when the spec would saturate this machine"
-    )
+    _add_force(clu)
     clu.add_argument("--json", action="store_true", help="print the processes as JSON")
     clu.add_argument("--foreground", action="store_true", help="stay until Ctrl-C, then stop the cluster")
     clu.set_defaults(func=cmd_cluster)
@@ -715,11 +723,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_netns(run)
     run.add_argument("--no-simulation", action="store_true", help="compare with the theory only")
-    run.add_argument(
-        "--force",
-        action="store_true",
-        help="run even when the pre-flight estimate says the spec would saturate this machine",
-    )
+    _add_force(run)
     _add_overrides(run)
     run.add_argument("--json", action="store_true", help="print results.json's object instead of the table")
     run.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -752,11 +756,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--dispatchers", type=at_least(1), default=1, metavar="K", help="dispatchers per cluster"
     )
     swp.add_argument("--node-processes", type=at_least(1), default=None, metavar="P", help="node processes")
-    swp.add_argument(
-        "--force",
-        action="store_true",
-        help="run points the pre-flight estimate says would saturate the machine",
-    )
+    _add_force(swp)
     swp.add_argument("--json", action="store_true", help="print sweep.json's object instead of the table")
     swp.add_argument("--quiet", action="store_true", help="no progress on stderr")
     swp.set_defaults(func=cmd_sweep)

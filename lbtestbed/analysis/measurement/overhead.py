@@ -77,25 +77,3 @@ def write_records(path: Path, records: Sequence[TaskRecord]) -> None:
         w.writerow(FIELDS)
         for r in records:
             w.writerow([repr(v) if isinstance(v, float) else int(v) if isinstance(v, bool) else v for v in r])
-
-
-def read_records(path: Path) -> list[TaskRecord]:
-    out = []
-    with open(path, newline="") as f:
-        rows = csv.reader(f)
-        header = next(rows)
-        for row in rows:
-            v = dict(zip(header, row, strict=True))
-            legs = (float(v[k]) for k in FIELDS[6:])
-            out.append(
-                TaskRecord(
-                    float(v["t"]),
-                    float(v["work"]),
-                    int(v["node"]),
-                    float(v["sojourn"]),
-                    float(v["stay"]),
-                    bool(int(v["waited"])),
-                    *legs,
-                )
-            )
-    return out

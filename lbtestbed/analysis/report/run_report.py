@@ -157,10 +157,7 @@ def comparison_rows(rep: RunReport) -> list[list[str]]:
         # a tail is shown at one level for every source: the one the deciding comparison found worst
         j = next((v.worst_j for v in known if v.worst_j is not None), None) if tail else None
 
-        def value(result: Result | None, metric: str = metric, j: int | None = j) -> str:
-            return _value(result, metric, j)
-
-        cluster = value(rep.cluster)
+        cluster = _value(rep.cluster, metric, j)
         if tail and j is None:
             cluster = "see plot"
         if cluster in ("-", "see plot") and not any(v.expected is not None for v in known):
@@ -169,17 +166,17 @@ def comparison_rows(rep: RunReport) -> list[list[str]]:
             cluster += f" at j={j}"
         cells = [metric, UNITS.get(metric, "fraction"), cluster]
         if twin:
-            cells += [value(rep.twin), _gap(main), _word(main)]
-            cells += [value(rep.simulation), _gap(cost)]
+            cells += [_value(rep.twin, metric, j), _gap(main), _word(main)]
+            cells += [_value(rep.simulation, metric, j), _gap(cost)]
         else:
-            cells += [value(rep.simulation), _gap(main), _word(main)]
+            cells += [_value(rep.simulation, metric, j), _gap(main), _word(main)]
         if theory is None:
             cells += ["-", "-"]
         else:
             word = theory.word if theory.counts or theory.agrees is None else f"({theory.word}, info)"
             if "limit" in theory.why and theory.agrees is not None:
                 word = f"({theory.word}, limit)"
-            cells += [value(rep.theory), word]
+            cells += [_value(rep.theory, metric, j), word]
         rows.append(cells)
     return rows
 
