@@ -32,6 +32,7 @@ import uvloop
 
 from lbtestbed.cluster.launcher import Cluster
 from lbtestbed.cluster.processes import free_ports
+from lbtestbed.experiment.preflight import pools_spec
 from lbtestbed.loadgen.openloop import drive, poisson_tasks
 from lbtestbed.model.spec import load_spec
 from lbtestbed.transport.http import HttpPool
@@ -48,24 +49,6 @@ loop = uvloop.new_event_loop()
 web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), access_log=None, print=None, loop=loop)
 """
 
-SPEC = """
-name = "bench-overhead"
-seed = 1
-[[classes]]
-name = "pools"
-count = 8
-discipline = "pool"
-[workload]
-arrival_rate = {rate_model}
-service = {{ dist = "exponential", mean = 1.0 }}
-[policy]
-name = "random"
-[run]
-warmup = 0.0
-duration = {duration}
-time_scale = {scale}
-batches = 2
-"""
 
 TASK_WALL = 0.02  # seconds: the mean task
 
@@ -109,7 +92,7 @@ def main() -> int:
     scale = TASK_WALL  # one model second (the mean task) lasts 20 ms
     with tempfile.TemporaryDirectory(prefix="lbt-overhead-") as tmp:
         spec = Path(tmp) / "spec.toml"
-        spec.write_text(SPEC.format(rate_model=args.rate * scale, duration=args.seconds / scale, scale=scale))
+        spec.write_text(pools_spec(args.rate, args.seconds, scale))
         exp = load_spec(spec)
         tasks = list(poisson_tasks(exp, exp.run.duration))
         times = [t * scale for t, _ in tasks]

@@ -92,8 +92,8 @@ def load_calibration(say: Callable[[str], None] | None = None, refresh: bool = F
     return cal
 
 
-CALIBRATION_SPEC = """
-name = "lbt-calibration"
+POOLS_SPEC = """
+name = "lbt-pools"
 seed = 1
 [[classes]]
 name = "pools"
@@ -107,9 +107,15 @@ service = {{ dist = "exponential", mean = 1.0 }}
 [run]
 warmup = 0.0
 duration = {duration}
-time_scale = 0.01
+time_scale = {scale}
 batches = 2
 """
+
+
+def pools_spec(rate: float, seconds: float, scale: float, policy: str = 'name = "random"') -> str:
+    """A spec of 8 pool nodes (nothing queues: what is measured is the way there and back) that sends
+    ``rate`` tasks per wall second for ``seconds``, tasks of ``scale`` wall seconds on average."""
+    return POOLS_SPEC.format(rate=rate * scale, duration=seconds / scale, scale=scale, policy=policy)
 
 
 def calibrate(rate: float = 600.0, seconds: float = 2.5) -> Calibration:
@@ -127,8 +133,7 @@ def calibrate(rate: float = 600.0, seconds: float = 2.5) -> Calibration:
     with tempfile.TemporaryDirectory(prefix="lbt-calibrate-") as tmp:
         for name, policy in (("random", 'name = "random"'), ("probes", 'name = "power_of_d"\nd = 2')):
             spec = Path(tmp) / "spec.toml"
-            text = CALIBRATION_SPEC.format(rate=rate * scale, duration=seconds / scale, policy=policy)
-            spec.write_text(text)
+            spec.write_text(pools_spec(rate, seconds, scale, policy))
             exp = load_spec(spec)
             tasks = list(poisson_tasks(exp, exp.run.duration))
             with Cluster(Path(tmp) / "cluster.json") as cluster:
