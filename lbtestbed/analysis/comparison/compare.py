@@ -27,6 +27,7 @@ from typing import Any
 from lbtestbed.analysis.comparison import paired
 from lbtestbed.analysis.results.raw import RawRun
 from lbtestbed.analysis.results.result import METRICS, Result
+from lbtestbed.analysis.results.statistics import t_quantile
 
 Z95 = 1.959963984540054
 #: the scalar metrics compared (the tail is handled per class)
@@ -91,11 +92,11 @@ class Verdict:
 
 def _quantile(df: float | None, level: float = 0.95) -> float:
     """The two-sided ``level`` quantile of a t with ``df`` degrees of freedom (the normal's without)."""
-    from scipy import special  # imported here: predictions need no interval and start faster without it
-
     if df is None or not math.isfinite(df):
+        from scipy import special  # imported here: predictions need no interval and start faster without it
+
         return Z95 if level == 0.95 else float(-special.ndtri((1.0 - level) / 2.0))
-    return float(special.stdtrit(max(1.0, df), 0.5 + level / 2.0))
+    return t_quantile(max(1.0, df), level)
 
 
 def _se(ci95: float | None, df: float | None) -> float:
@@ -269,7 +270,7 @@ def compare_paired_tail(
         v.why = "no tail point to compare"
         return v
     m = len(points)
-    z = paired.bonferroni_t(m, points[0][1].df)
+    z = _quantile(points[0][1].df, 1.0 - 0.05 / m)  # Bonferroni over the points
     j, worst = max(points, key=lambda jp: jp[1].distance())
     ma = measured.result.metrics["occupancy_tail"].get(name) or []
     mb = expected.result.metrics["occupancy_tail"].get(name) or []

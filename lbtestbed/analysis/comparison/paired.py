@@ -157,13 +157,6 @@ def _pooled(raw: RawRun, key: str) -> float:
     return float(num.sum()) / total if total > 0 else 0.0
 
 
-def bonferroni_t(m: int, df: int) -> float:
-    """The two-sided t quantile that keeps m comparisons at a family-wise 95 % level."""
-    from scipy import special  # only needed when there is a family to compare
-
-    return float(special.stdtrit(df, 1.0 - 0.025 / max(m, 1)))
-
-
 def pairs_of(raws: Sequence[RawRun]) -> int:
     """Batches the runs have in common (what a paired comparison of them can use)."""
     common = set(positions(raws[0]))

@@ -11,7 +11,7 @@ import numpy as np
 
 
 @lru_cache(maxsize=256)
-def t_quantile(df: int, level: float = 0.95) -> float:
+def t_quantile(df: float, level: float = 0.95) -> float:
     """Two-sided Student-t quantile for ``df`` degrees of freedom."""
     from scipy import special  # imported here: predictions need no interval and start faster without it
 
