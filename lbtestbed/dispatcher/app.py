@@ -14,6 +14,6 @@ def build_app(host: DispatcherHost) -> web.Application:
     app.router.add_post(wire.PREFIX + "/messages", host.post_messages)
     app.router.add_get(wire.PREFIX + "/health", host.get_health)
     app.router.add_post(wire.PREFIX + "/faults", host.post_faults)
-    app.router.add_get(wire.PREFIX + "/timings", host.get_timings)
+    app.router.add_get(wire.PREFIX + "/timings", wire.timings_handler(host.ages))
     app.router.add_get("/metrics", wire.metrics_handler(host.registry))
     return wire.run_with(app, host)

@@ -386,10 +386,6 @@ class DispatcherHost:
             self.send(out)
         return web.json_response({"ok": True, "applied": len(msgs)})
 
-    async def get_timings(self, request: web.Request) -> web.Response:
-        """The recent ages of the state messages applied here, by kind, in model seconds."""
-        return web.json_response({**self.ages.to_json(), "time_scale": self.scale})
-
     async def get_health(self, request: web.Request) -> web.Response:
         ready = self.health.ready.is_set()
         return web.json_response(

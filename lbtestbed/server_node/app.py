@@ -18,6 +18,6 @@ def build_app(host: NodeHost) -> web.Application:
     app.router.add_get(p + "/health", host.get_health)
     app.router.add_get(p + "/state", host.get_state)
     app.router.add_post(p + "/faults", host.post_faults)
-    app.router.add_get(p + "/timings", host.get_timings)
+    app.router.add_get(p + "/timings", wire.timings_handler(host.ages))
     app.router.add_get("/metrics", wire.metrics_handler(registry_for(host)))
     return wire.run_with(app, host)

@@ -320,10 +320,6 @@ class NodeHost:
             reply["messages"] = [wire.message_to_json(a, sent) for a in ride]
         return web.json_response(reply)
 
-    async def get_timings(self, request: web.Request) -> web.Response:
-        """The recent ages of the state messages applied here, by kind, in model seconds."""
-        return web.json_response({**self.ages.to_json(), "time_scale": self.scale})
-
     async def get_health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "nodes": self.ids, "model_time": self.now()})
 

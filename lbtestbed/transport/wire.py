@@ -159,11 +159,12 @@ class MessageAges:
             kept = into[kind] = deque(maxlen=AGES_KEPT)
         kept.append(age / self.scale)
 
-    def to_json(self) -> dict[str, dict[str, list[float]]]:
-        """``GET /v1/timings``'s body (model seconds)."""
+    def to_json(self) -> dict[str, Any]:
+        """``GET /v1/timings``'s body (ages in model seconds, and the time scale that converts them)."""
         return {
             "message_ages": {kind: list(ages) for kind, ages in sorted(self.recent.items())},
             "rider_ages": {kind: list(ages) for kind, ages in sorted(self.riders.items())},
+            "time_scale": self.scale,
         }
 
 
@@ -208,6 +209,15 @@ def metrics_handler(registry: Any) -> Any:
 
     async def handle(request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    return handle
+
+
+def timings_handler(ages: MessageAges) -> Any:
+    """An aiohttp handler serving ``GET /v1/timings``: the recent ages of the messages applied here."""
+
+    async def handle(request: web.Request) -> web.Response:
+        return web.json_response(ages.to_json())
 
     return handle
 
