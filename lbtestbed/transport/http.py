@@ -147,30 +147,28 @@ class HttpPool:
         except BaseException:
             if self.observer is not None:
                 self.observer.failed()
-            conn.closed = True  # a request that did not finish leaves the connection in an unknown state
-            if conn.transport is not None:
-                conn.transport.close()
-            self._open.discard(conn)
+            self._drop(conn)  # a request that did not finish leaves the connection in an unknown state
             raise
         finally:
             if timer is not None:
                 timer.cancel()
         if conn.closed:
-            self._open.discard(conn)
-            if conn.transport is not None:
-                conn.transport.close()
+            self._drop(conn)
         else:
             self._idle.append(conn)
         if self.observer is not None:
             self.observer.ended(status)
         return status, data
 
+    def _drop(self, conn: _Connection) -> None:
+        conn.closed = True
+        if conn.transport is not None:
+            conn.transport.close()
+        self._open.discard(conn)
+
     def close(self) -> None:
         for conn in list(self._open):
-            conn.closed = True
-            if conn.transport is not None:
-                conn.transport.close()
-        self._open.clear()
+            self._drop(conn)
         self._idle.clear()
 
 
