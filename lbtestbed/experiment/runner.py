@@ -129,17 +129,24 @@ async def _sample_r(session: aiohttp.ClientSession, url: str, origin: float, sca
         await asyncio.sleep(R_SAMPLE_WALL)
 
 
+async def _get_json(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    """The JSON object at ``url``; empty when the process does not answer (a fault may have taken it)."""
+    with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=5)) as resp:
+            body = await resp.json()
+        if isinstance(body, dict):
+            return body
+    return {}
+
+
 async def _health_events(
     session: aiohttp.ClientSession, f: ClusterFile, origin_unix: float, scale: float
 ) -> list[dict[str, Any]]:
     """Every dispatcher's node transitions, with the model time of each."""
     out = []
     for d in f.dispatchers:
-        with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
-            async with session.get(f"{d.url}/v1/health", timeout=aiohttp.ClientTimeout(total=5)) as resp:
-                body = await resp.json()
-            for e in body.get("events", []):
-                out.append({"dispatcher": d.index, "model_time": (e["unix_time"] - origin_unix) / scale, **e})
+        for e in (await _get_json(session, f"{d.url}/v1/health")).get("events", []):
+            out.append({"dispatcher": d.index, "model_time": (e["unix_time"] - origin_unix) / scale, **e})
     return sorted(out, key=lambda e: e["model_time"])
 
 
@@ -150,12 +157,10 @@ async def _timings(
     own: dict[str, list[float]] = {}
     riders: dict[str, list[float]] = {}
     for e in f.dispatchers + f.node_hosts:
-        with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
-            async with session.get(f"{e.url}/v1/timings", timeout=aiohttp.ClientTimeout(total=5)) as resp:
-                body = await resp.json()
-            for into, key in ((own, "message_ages"), (riders, "rider_ages")):
-                for kind, ages in (body.get(key) or {}).items():
-                    into.setdefault(kind, []).extend(float(a) for a in ages)
+        body = await _get_json(session, f"{e.url}/v1/timings")
+        for into, key in ((own, "message_ages"), (riders, "rider_ages")):
+            for kind, ages in (body.get(key) or {}).items():
+                into.setdefault(kind, []).extend(float(a) for a in ages)
     return own, riders
 
 
