@@ -41,7 +41,7 @@ from locust import FastHttpUser, LoadTestShape, User, events, task
 from locust.env import Environment
 from locust.exception import StopUser
 
-from lbtestbed.loadgen.openloop import LATE, LoadReport, TaskRecord, legs_of
+from lbtestbed.loadgen.openloop import LATE, LoadReport
 from lbtestbed.loadgen.plan import (
     CLOSED_SPAWN_RATE,
     LEAD_IN,
@@ -89,15 +89,7 @@ class Run:
             )
             done = time.monotonic()
             if resp.status_code == 200:
-                reply = json.loads(resp.content)
-                sojourn = (done - intended) / self.plan.time_scale
-                stay = float(reply.get("completed", 0.0)) - float(reply.get("arrived", 0.0))
-                node, waited = int(reply.get("node", -1)), bool(reply.get("waited"))
-                legs = legs_of(reply, intended, now, done, self.plan.time_scale)
-                record = TaskRecord(t, work, node, sojourn, stay, waited, *legs)
-                report.outcomes["completed"] += 1
-                report.sojourns.append(sojourn)
-                report.records.append(record)
+                report.completed(t, work, json.loads(resp.content), intended, now, done, self.plan.time_scale)
             elif resp.status_code == 503:
                 report.outcomes["refused"] += 1
             elif resp.status_code == 502:

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import orjson
@@ -92,6 +92,28 @@ class LoadReport:
     wall_seconds: float = 0.0  # until the last task came back
     send_seconds: float = 0.0  # from the first intended send to the last actual send
     model_seconds: float = 0.0
+
+    def completed(
+        self,
+        t: float,
+        work: float,
+        reply: dict[str, Any],
+        intended: float,
+        sent: float,
+        done: float,
+        scale: float,
+    ) -> None:
+        """Record a task its dispatcher answered (``reply``: the answer's JSON; monotonic instants: the
+        intended send, the request leaving, the answer read). A malformed answer raises before anything is
+        counted."""
+        sojourn = (done - intended) / scale
+        stay = float(reply.get("completed", 0.0)) - float(reply.get("arrived", 0.0))
+        node, waited = int(reply.get("node", -1)), bool(reply.get("waited"))
+        legs = legs_of(reply, intended, sent, done, scale)
+        record = TaskRecord(t, work, node, sojourn, stay, waited, *legs)
+        self.outcomes["completed"] += 1
+        self.sojourns.append(sojourn)
+        self.records.append(record)
 
     def summary(self) -> dict[str, object]:
         lat = np.array(self.lateness) if self.lateness else np.zeros(1)
@@ -214,16 +236,7 @@ async def drive(
             status, raw = await pools[i % len(pools)].post(path, body)
             done = time.monotonic()
             if status == 200:
-                reply = orjson.loads(raw)
-                report.outcomes["completed"] += 1
-                sojourn = (done - intended) / time_scale
-                report.sojourns.append(sojourn)
-                stay = float(reply.get("completed", 0.0)) - float(reply.get("arrived", 0.0))
-                node = int(reply.get("node", -1))
-                legs = legs_of(reply, intended, sent, done, time_scale)
-                report.records.append(
-                    TaskRecord(t, work, node, sojourn, stay, bool(reply.get("waited")), *legs)
-                )
+                report.completed(t, work, orjson.loads(raw), intended, sent, done, time_scale)
             else:
                 outcome = {503: "refused", 502: "lost"}.get(status, "failed")
                 report.outcomes[outcome] += 1
