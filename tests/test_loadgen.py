@@ -4,6 +4,7 @@ schedules (steps and ramps), and ``lbt load`` against the benchmark's sink."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import re
 import socket
@@ -11,8 +12,9 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -72,12 +74,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def _serve(delay: float) -> tuple[web.AppRunner, str]:
+async def _serve(delay: float, answers: Sequence[Any] = ({"node": 0},)) -> tuple[web.AppRunner, str]:
+    """A sink for tasks on loopback; it answers the i-th task with ``answers[i % len(answers)]``."""
+    count = itertools.count()
+
     async def task(request: web.Request) -> web.Response:
         await request.read()
         if delay:
             await asyncio.sleep(delay)
-        return web.json_response({"node": 0})
+        return web.json_response(answers[next(count) % len(answers)])
 
     app = web.Application()
     app.router.add_post("/v1/tasks", task)
@@ -118,6 +123,28 @@ async def test_a_slow_target_shows_as_drops_not_as_a_slower_rate() -> None:
     # about 20 tasks per 0.5 s get through over 1 s of sends (plus the ones still open at the end)
     assert o["completed"] <= 20 * (1.0 / 0.5 + 1) + 1
     assert report.send_seconds < tasks[-1][0] + 0.25  # the schedule was kept: no waiting on the target
+
+
+async def test_every_answered_task_is_counted_once_whatever_its_answer_holds() -> None:
+    """A 200 whose legs lack a stamp is a completed task without those legs; one that is not the protocol's
+    answer (a stay that is no number, not an object) is a failed task; none is lost or counted twice."""
+    exp = parse_spec(SPEC)
+    tasks = list(poisson_tasks(exp, 0.4))
+    stamps = {"accepted": 1.0, "decided": 1.0, "node_due": 2.0, "released": 2.5}  # no "answered"
+    answers = [{"node": 1, "legs": stamps}, {"node": 0, "completed": "soon"}, [1, 2]]
+    runner, url = await _serve(0.0, answers)
+    try:
+        report = await drive([url], tasks, time_scale=1.0)
+    finally:
+        await runner.cleanup()
+    o = report.outcomes
+    partial = sum(1 for i in range(len(tasks)) if i % 3 == 0)
+    assert len(tasks) > 30
+    assert o["completed"] == len(report.records) == len(report.sojourns) == partial
+    assert o["failed"] == len(tasks) - partial and sum(o.values()) == len(tasks)
+    for r in report.records:
+        assert r.node == 1 and math.isnan(r.forward) and math.isnan(r.notify)  # the missing stamps
+        assert r.decide == 0.0 and math.isfinite(r.leave)  # the stamps it has
 
 
 # ------------------------------------------------------------------------------------ rate schedules

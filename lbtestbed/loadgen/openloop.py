@@ -62,21 +62,22 @@ class TaskRecord(NamedTuple):
 def legs_of(
     reply: dict[str, object], intended: float, sent: float, done: float, scale: float
 ) -> tuple[float, ...]:
-    """(late, arrive, decide, forward, notify, reply, leave) in model seconds from a dispatcher's reply."""
+    """(late, arrive, decide, forward, notify, reply, leave) in model seconds from a dispatcher's reply;
+    NaN for a leg whose stamps the reply lacks."""
     stamps = reply.get("legs")
     late = (sent - intended) / scale
     if not isinstance(stamps, dict) or "node_due" not in stamps:
         return (late, NAN, NAN, NAN, NAN, NAN, NAN)
-    s = {k: float(v) for k, v in stamps.items() if isinstance(v, int | float)}
-    due = s["node_due"]
+    s = {k: float(v) for k, v in stamps.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    accepted, decided, due = (s.get(k, NAN) for k in ("accepted", "decided", "node_due"))
     return (
         late,
-        (s["accepted"] - intended) / scale,
-        (s["decided"] - s["accepted"]) / scale,
-        (s["node_arrived"] - s["decided"]) / scale,
-        (s["answered"] - due) / scale,
+        (accepted - intended) / scale,
+        (decided - accepted) / scale,
+        (s.get("node_arrived", NAN) - decided) / scale,
+        (s.get("answered", NAN) - due) / scale,
         (done - due) / scale,
-        (s["released"] - due) / scale,
+        (s.get("released", NAN) - due) / scale,
     )
 
 
