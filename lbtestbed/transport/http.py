@@ -34,6 +34,9 @@ class _Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not an asyncio.Transport
 
     def data_received(self, data: bytes) -> None:
+        if self.pending is None:  # bytes nobody asked for: this connection's answers can no longer be matched
+            self._fail(HttpError("data without a request"))
+            return
         self.buffer += data
         self._parse()
 
@@ -53,6 +56,8 @@ class _Connection(asyncio.Protocol):
                 raise HttpError("response without a Content-Length")
             stop = head.find(b"\r\n", at + 2)
             length = int(head[at + 17 : stop if stop > 0 else None])
+            if length < 0:
+                raise HttpError(f"negative Content-Length: {length}")
         except (ValueError, HttpError) as e:
             self._fail(e if isinstance(e, HttpError) else HttpError(f"bad response head: {e}"))
             return
@@ -61,8 +66,9 @@ class _Connection(asyncio.Protocol):
             return
         body = bytes(buf[end + 4 : total])
         del buf[:total]
-        if b"\r\nconnection: close" in head:
+        if buf or b"\r\nconnection: close" in head:  # bytes beyond the answer: not reused
             self.closed = True
+            buf.clear()
         self.pending = None
         if fut is not None and not fut.done():
             fut.set_result((status, body))
