@@ -262,6 +262,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 def cmd_load(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from lbtestbed.experiment.preflight import at_cluster_scale
     from lbtestbed.loadgen.openloop import run_load, write_trace
     from lbtestbed.loadgen.plan import build_plan
     from lbtestbed.transport.cluster_file import ClusterError, ClusterFile
@@ -292,16 +293,13 @@ def cmd_load(args: argparse.Namespace) -> int:
     }
     try:
         exp = load_spec(args.spec, args.set)
-        if exp.run.auto_time_scale:  # the scale the cluster was started with (lbt cluster up picked it)
-            from lbtestbed.experiment.preflight import resolve
-
-            try:
-                exp = resolve(exp, ClusterFile.load(Path(args.cluster)).experiment().run.time_scale)
-            except ClusterError:
-                return _bad_input(
-                    f'{exp.source}: run.time_scale = "auto" needs the cluster that picked it (--cluster) '
-                    "or a number: --set run.time_scale=X"
-                )
+        try:  # "auto": the scale the cluster was started with (lbt cluster up picked it)
+            exp = at_cluster_scale(exp, Path(args.cluster))
+        except ClusterError:
+            return _bad_input(
+                f'{exp.source}: run.time_scale = "auto" needs the cluster that picked it (--cluster) '
+                "or a number: --set run.time_scale=X"
+            )
         plan = build_plan(exp, dispatchers=urls, **options)
     except (OSError, ValueError) as e:
         print(f"lbt: error: {e}", file=sys.stderr)
@@ -321,8 +319,9 @@ def cmd_load(args: argparse.Namespace) -> int:
         from lbtestbed.loadgen.locust_run import LocustError, run_locust
 
         try:
+            # locust's processes read the experiment from its file and overrides (its time scale resolved)
             summary = run_locust(
-                args.spec, args.set, urls, timeout=plan.hard_limit + 60, quiet=args.quiet, **options
+                exp.source, exp.overrides, urls, timeout=plan.hard_limit + 60, quiet=args.quiet, **options
             )
         except LocustError as e:
             print(f"lbt: error: {e}", file=sys.stderr)
@@ -383,8 +382,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from lbtestbed.analysis.report.run_report import terminal
+    from lbtestbed.experiment.preflight import at_cluster_scale
     from lbtestbed.experiment.runner import existing_cluster, run_experiment
-    from lbtestbed.transport.cluster_file import ClusterError, ClusterFile
+    from lbtestbed.transport.cluster_file import ClusterError
 
     exp = load_spec(args.spec, args.set)  # a bad spec fails before anything starts
     problem = dispatcher_problem(exp, args.dispatchers) or netns_problem(args)
@@ -394,11 +394,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     record: dict[str, Any] = {}
     if args.endpoints:
         try:  # the cluster named must exist and run this experiment: checked before anything starts
-            if exp.run.auto_time_scale:  # the cluster's processes run at the scale they were started with
-                from lbtestbed.experiment.preflight import resolve
-
-                running = ClusterFile.load(Path(args.endpoints)).experiment()
-                exp = resolve(exp, running.run.time_scale)
+            exp = at_cluster_scale(exp, Path(args.endpoints))
             existing_cluster(exp, Path(args.endpoints))
         except (ClusterError, SpecError) as e:
             return _bad_input(f"--endpoints: {e}")

@@ -25,6 +25,7 @@ from lbtestbed.cluster.launcher import Cluster
 from lbtestbed.loadgen.locust_run import LOCUSTFILE
 from lbtestbed.loadgen.plan import LEAD_IN, build_plan, closed_users
 from lbtestbed.model.spec import load_spec
+from lbtestbed.transport.cluster_file import ClusterFile, Endpoint
 
 #: 4 pools (infinite servers, so no task waits) and 2 dispatchers; 150 tasks per wall second for 2 s,
 #: each holding its pool for 50 ms of wall time on average
@@ -191,6 +192,28 @@ def test_closed_mode_lets_a_slow_system_lower_its_load(slow: tuple[SlowServer, P
     assert summary["sent"] <= users * (3 / HOLD + 1)
     assert summary["completed"] == summary["sent"]
     assert summary["late_sends"] is None  # no intended times in a closed loop
+
+
+@pytest.mark.parametrize("generator", ["lbt", "locust"])
+def test_an_auto_time_scale_is_the_clusters_for_either_generator(
+    slow: tuple[SlowServer, Path], generator: str
+) -> None:
+    """``run.time_scale = "auto"``: ``lbt load`` sends at the scale the cluster was started with (its
+    cluster file's overrides), locust's processes as much as its own loop."""
+    server, spec = slow
+    auto = spec.with_name("auto.toml")
+    auto.write_text(SLOW_SPEC.replace("time_scale = 1.0", 'time_scale = "auto"'))
+    cluster = spec.with_name("cluster.json")
+    ClusterFile(str(auto), ["run.time_scale=0.5"], "t", [Endpoint("dispatcher", 0, server.url)], []).save(
+        cluster
+    )
+    args = ["load", str(auto), "--cluster", str(cluster), "--dispatcher", server.url, "--json", "--quiet"]
+    out = lbt(*args, *(["--locust"] if generator == "locust" else []))
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    assert summary["completed"] == server.tasks > 0
+    # model seconds are wall seconds over the time scale the load ran at: the cluster's, not auto's 1.0
+    assert summary["model_seconds"] == pytest.approx(summary["wall_seconds"] / 0.5)
 
 
 # ------------------------------------------------------------------------------- the load shape

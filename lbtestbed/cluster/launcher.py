@@ -26,6 +26,12 @@ from lbtestbed.transport.cluster_file import DEFAULT_FILE, LOOPBACK, ClusterErro
 from lbtestbed.transport.wire import PREFIX
 
 
+def default_node_processes(n: int, cores: int) -> int:
+    """Node processes when none are asked for: two per core (one waits on its timers while the other
+    runs), no more than there are nodes."""
+    return min(n, max(1, 2 * cores))
+
+
 def split_nodes(n: int, processes: int) -> list[list[int]]:
     """Node ids 0..n-1 in ``processes`` contiguous, nearly equal groups."""
     processes = max(1, min(processes, n))
@@ -118,7 +124,7 @@ class Cluster:
         if bandwidth and not netns:
             raise ClusterError("a bandwidth limit needs --netns: loopback has no link to limit")
         if node_processes is None:
-            node_processes = min(exp.n, max(1, (os.cpu_count() or 2) * 2))
+            node_processes = default_node_processes(exp.n, os.cpu_count() or 2)
         groups = split_nodes(exp.n, node_processes)
         layout = None
         if netns:

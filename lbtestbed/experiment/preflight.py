@@ -28,7 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
+from lbtestbed.cluster.launcher import Cluster, default_node_processes
 from lbtestbed.model.spec import Experiment, load_spec
+from lbtestbed.transport.cluster_file import ClusterFile
 
 #: a process busier than this (fraction of a core) makes the run's verdict about the machine: warned
 WARN_LOAD = 0.5
@@ -39,6 +41,8 @@ WARN_MACHINE = 0.4
 REFUSE_MACHINE = 0.7
 #: the overhead ``time_scale = "auto"`` allows, against the mean service time
 AUTO_OVERHEAD = 0.01
+#: the time scales it picks from: 1-2-5 steps from 0.0001 to 500
+AUTO_GRID = tuple(sorted({round(m * 10.0**e, 12) for e in range(-4, 3) for m in (1.0, 2.0, 5.0)}))
 CALIBRATION_ENV = "LBT_CALIBRATION"  # a calibration file to use instead of the machine's cached one
 CALIBRATION_VERSION = 1
 
@@ -124,7 +128,6 @@ def calibrate(rate: float = 600.0, seconds: float = 2.5) -> Calibration:
     beyond what it spends idle (heartbeats, timers: measured over a second before the load)."""
     import psutil
 
-    from lbtestbed.cluster.launcher import Cluster
     from lbtestbed.loadgen.openloop import drive, poisson_tasks
 
     scale = 0.01
@@ -222,7 +225,7 @@ def estimate(
     node_processes: int | None = None,
 ) -> Estimate:
     ts = exp.run.time_scale if time_scale is None else time_scale
-    processes = node_processes or min(exp.n, max(1, cal.cores * 2))
+    processes = node_processes or default_node_processes(exp.n, cal.cores)
     tasks = exp.workload.arrival_rate / ts
     probes = tasks * probes_per_task(exp)
     messages = tasks * own_messages_per_task(exp)
@@ -258,11 +261,9 @@ def auto_time_scale(
 ) -> tuple[float, str]:
     """The smallest time scale (on a 1-2-5 grid) whose expected overhead is at most 1 % of the mean
     service time and whose load stays below the warning level; the reason, in one line."""
-    grid = sorted({round(m * 10.0**e, 12) for e in range(-4, 3) for m in (1.0, 2.0, 5.0)})
-    for ts in grid:
+    for ts in AUTO_GRID:
         est = estimate(exp, cal, ts, dispatchers, node_processes)
-        fits = est.busiest <= WARN_LOAD and est.total_load / cal.cores <= WARN_MACHINE
-        if fits and est.overhead_fraction <= AUTO_OVERHEAD:
+        if judge(est, cal)[0] == "ok" and est.overhead_fraction <= AUTO_OVERHEAD:
             why = (
                 f"time_scale = auto picked {ts:g}: {est.tasks_per_s:.0f} tasks/s load the busiest process "
                 f"{100 * est.busiest:.0f} %, and the expected overhead ({est.overhead_ms:.2g} ms per "
@@ -270,10 +271,19 @@ def auto_time_scale(
                 f"({1e3 * mean_service(exp) * ts:.3g} ms wall)"
             )
             return ts, why
-    ts = grid[-1]
+    ts = AUTO_GRID[-1]
     return ts, f"time_scale = auto: no time scale up to {ts:g} keeps the overhead under 1 %; using {ts:g}"
 
 
 def resolve(exp: Experiment, time_scale: float) -> Experiment:
     """``exp`` with its time scale set (the cluster's processes read it through the overrides)."""
     return load_spec(exp.source, [*exp.overrides, f"run.time_scale={time_scale!r}"])
+
+
+def at_cluster_scale(exp: Experiment, cluster: Path) -> Experiment:
+    """``exp`` at the time scale of the cluster of the file ``cluster`` where ``exp`` leaves it to
+    ``"auto"`` (the cluster's processes run at the scale picked when it started; ClusterError or
+    SpecError when its file or its spec does not load)."""
+    if not exp.run.auto_time_scale:
+        return exp
+    return resolve(exp, ClusterFile.load(cluster).experiment().run.time_scale)
