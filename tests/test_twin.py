@@ -119,3 +119,46 @@ def test_a_trace_that_ends_inside_the_window_ends_the_twin() -> None:
     assert raw.batches == exp.run.batches
     counts = raw.ratios["mean_sojourn"][1]
     assert counts[: exp.run.batches // 2].min() > 0 and counts[exp.run.batches // 2 + 1 :].max() == 0
+
+
+# ------------------------------------------------------------------ what the twin assumes of the cluster
+
+
+async def test_a_replys_messages_reach_the_dispatchers_policy_when_the_reply_is_read() -> None:
+    """The twin applies what rode on a task's reply at the instant the dispatcher read the reply (the
+    ``answered`` stamp). The dispatcher must do so too, before its loop turns to anything else: a decision
+    made in between would see a token the twin's sees. A reply carrying node 1's idle token arrives; a
+    callback queued right behind the read finds the token held (it was not, one loop turn late)."""
+    import asyncio
+    import time
+
+    import orjson
+
+    from lbtestbed.dispatcher.host import DispatcherHost
+
+    exp = experiment(QUEUES, {"name": "jiq"})
+    disp = DispatcherHost(exp, 0, 1, ["http://127.0.0.1:9"] * exp.n, "token")
+    loop = asyncio.get_running_loop()
+    reply: asyncio.Future[tuple[int, bytes]] = loop.create_future()
+
+    class Node:
+        async def post(self, path: str, body: bytes, timeout: float | None = None) -> tuple[int, bytes]:
+            return await reply
+
+    disp.node_peer = [(Node(), f"/v1/nodes/{k}") for k in range(exp.n)]  # type: ignore[misc]
+    for _ in range(exp.n):  # every node's first token taken: no node is known idle
+        disp.policy.dispatch()
+    assert not disp.policy.held  # type: ignore[attr-defined]
+    answer = asyncio.ensure_future(disp._route(1.0, time.monotonic()))
+    for _ in range(3):
+        await asyncio.sleep(0)  # the task is routed and forwarded, and waits for its node
+    assert not answer.done() and disp.in_flight == 1
+    token = {"kind": "idle_token", "node": 1, "dispatcher": 0, "data": [1], "sent": time.monotonic()}
+    now = time.monotonic()
+    stamps = {"arrived": 0.0, "completed": 0.0, "t0": now, "fired": now, "replied": now}
+    reply.set_result((200, orjson.dumps({"node": 0, "waited": False, **stamps, "messages": [token]})))
+    seen: list[tuple[bool, int]] = []
+    loop.call_soon(lambda: seen.append((1 in disp.policy.held, disp.in_flight)))  # type: ignore[attr-defined]
+    await answer
+    assert seen == [(True, 0)]
+    assert disp.received["idle_token"] == 1

@@ -222,24 +222,10 @@ class DispatcherHost:
         self.decisions[route.outcome] += 1
         self.in_flight += 1
         generation = self.health.generation[route.node]
-        try:
-            forward = asyncio.ensure_future(self._forward(route, work, decided - accepted))
-            self.send(route.messages)  # threshold updates follow the task they were decided with
-            status, reply, forwarded, answered = await forward
-            if self.delay_tasks:
-                await self._sleep_delay()  # the completion's way back, as in the simulator
-        finally:
-            self.in_flight -= 1
-            # after a fresh up the policy counts the node from its report: earlier tasks are not its own
-            ours = generation == self.health.generation[route.node]
-            if ours:
-                self.policy.on_task_done(route.node)
-        if status != 200 and ours:
-            self.policy.on_task_failed(route.node)
-        if status == 0:
-            self.health.unreachable(route.node, f"forward failed: {reply.get('error', '')}")
+        forward = asyncio.ensure_future(self._forward(route, generation, work, decided - accepted))
+        self.send(route.messages)  # threshold updates follow the task they were decided with
+        status, reply, forwarded, answered = await forward
         if status == 200:
-            self._apply_riders(reply.pop("messages", None), answered)
             self.outcomes["completed"] += 1
             sojourn = (time.monotonic() - accepted) / self.scale
             self.sojourn.observe(sojourn)
@@ -256,22 +242,51 @@ class DispatcherHost:
         return wire.error(502, why, node=route.node), time.monotonic()
 
     async def _forward(
-        self, route: Route, work: float, latency: float
+        self, route: Route, generation: int, work: float, latency: float
     ) -> tuple[int, dict[str, Any], float, float]:
-        """Forward the task; (status, reply, monotonic instant it left, instant its reply was read)."""
-        if self.delay_tasks:
-            await self._sleep_delay()
-        self.latency.observe(latency)
-        body = orjson.dumps({"work": work, "origin": self.index, "piggyback": list(route.piggyback)})
-        pool, path = self.node_peer[route.node]
+        """Forward the task and take in what its reply says (``_settle``); (status, reply, monotonic
+        instant it left, instant its reply was read). ``generation``: the node's when it was chosen."""
         forwarded = time.monotonic()
         try:
-            status, raw = await pool.post(f"{path}/tasks", body)
-            answered = time.monotonic()
-            reply = orjson.loads(raw)
-            return status, reply if isinstance(reply, dict) else {}, forwarded, answered
-        except (OSError, TimeoutError, ValueError) as e:
-            return 0, {"error": str(e) or type(e).__name__}, forwarded, time.monotonic()
+            if self.delay_tasks:
+                await self._sleep_delay()
+            self.latency.observe(latency)
+            body = orjson.dumps({"work": work, "origin": self.index, "piggyback": list(route.piggyback)})
+            pool, path = self.node_peer[route.node]
+            forwarded = time.monotonic()
+            try:
+                status, raw = await pool.post(f"{path}/tasks", body)
+                reply = orjson.loads(raw)
+                if not isinstance(reply, dict):
+                    reply = {}
+            except (OSError, TimeoutError, ValueError) as e:
+                status, reply = 0, {"error": str(e) or type(e).__name__}
+            if self.delay_tasks:
+                await self._sleep_delay()  # the completion's way back, as in the simulator
+        except asyncio.CancelledError:  # the dispatcher is stopping: the task's count ends with it
+            self.in_flight -= 1
+            if generation == self.health.generation[route.node]:
+                self.policy.on_task_done(route.node)
+            raise
+        answered = time.monotonic()
+        self._settle(route, generation, status, reply, answered)
+        return status, reply, forwarded, answered
+
+    def _settle(
+        self, route: Route, generation: int, status: int, reply: dict[str, Any], answered: float
+    ) -> None:
+        """The task's reply, read at ``answered``, reaches the policy at once: the decisions that follow
+        see its messages, as the twin's do (docs/run.md, "The twin"), and never a loop turn later."""
+        self.in_flight -= 1
+        if status == 200:
+            self._apply_riders(reply.pop("messages", None), answered)
+        # after a fresh up the policy counts the node from its report: earlier tasks are not its own
+        if generation == self.health.generation[route.node]:
+            self.policy.on_task_done(route.node)
+            if status != 200:
+                self.policy.on_task_failed(route.node)
+        if status == 0:
+            self.health.unreachable(route.node, f"forward failed: {reply.get('error', '')}")
 
     def _legs(
         self, reply: dict[str, Any], accepted: float, decided: float, forwarded: float, answered: float
