@@ -500,6 +500,20 @@ def _add_force(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_processes(parser: argparse.ArgumentParser) -> None:
+    """``--dispatchers`` and ``--node-processes``, the same for every command that starts a cluster."""
+    parser.add_argument(
+        "--dispatchers", type=at_least(1), default=1, metavar="K", help="dispatchers side by side (default 1)"
+    )
+    parser.add_argument(
+        "--node-processes",
+        type=at_least(1),
+        default=None,
+        metavar="P",
+        help="server-node processes; the nodes are split among them (default: one per core)",
+    )
+
+
 def _add_overrides(parser: argparse.ArgumentParser) -> None:
     """``--set``, the same for every command that reads a spec."""
     parser.add_argument(
@@ -571,16 +585,7 @@ def build_parser() -> argparse.ArgumentParser:
     clu.add_argument("action", choices=("up", "status", "down"))
     clu.add_argument("spec", nargs="?", help="experiment spec (TOML), for up")
     clu.add_argument("--file", default=".lbt/cluster.json", help="cluster file (default .lbt/cluster.json)")
-    clu.add_argument(
-        "--dispatchers", type=at_least(1), default=1, metavar="K", help="dispatchers side by side (default 1)"
-    )
-    clu.add_argument(
-        "--node-processes",
-        type=at_least(1),
-        default=None,
-        metavar="P",
-        help="server-node processes; the nodes are split among them (default: 2 per core)",
-    )
+    _add_processes(clu)
     # the name this option had before lbt run's --node-processes: still accepted, no longer shown
     clu.add_argument("--node-procs", dest="node_processes", type=at_least(1), help=argparse.SUPPRESS)
     clu.add_argument(
@@ -695,16 +700,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="run on an existing cluster described by this cluster file instead of starting one",
     )
-    run.add_argument(
-        "--dispatchers", type=at_least(1), default=1, metavar="K", help="dispatchers (default 1)"
-    )
-    run.add_argument(
-        "--node-processes",
-        type=at_least(1),
-        default=None,
-        metavar="P",
-        help="node processes (default 2 per core)",
-    )
+    _add_processes(run)
     metrics = run.add_mutually_exclusive_group()
     metrics.add_argument(
         "--prometheus",
@@ -748,10 +744,7 @@ def build_parser() -> argparse.ArgumentParser:
     swp.add_argument(
         "--jobs", type=at_least(1), default=os.cpu_count() or 1, metavar="J", help="parallel simulations"
     )
-    swp.add_argument(
-        "--dispatchers", type=at_least(1), default=1, metavar="K", help="dispatchers per cluster"
-    )
-    swp.add_argument("--node-processes", type=at_least(1), default=None, metavar="P", help="node processes")
+    _add_processes(swp)
     _add_force(swp)
     swp.add_argument("--json", action="store_true", help="print sweep.json's object instead of the table")
     swp.add_argument("--quiet", action="store_true", help="no progress on stderr")
