@@ -41,6 +41,7 @@ from typing import Any
 
 from lbtestbed.cluster.launcher import Cluster
 from lbtestbed.cluster.processes import free_ports
+from lbtestbed.experiment.preflight import pools_spec
 from lbtestbed.model.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,23 +52,6 @@ PRECISION = 1.1  # bisect until the first lost rate is within 10 % of the last h
 QUIET_LIMIT = 0.25  # a trial starts when other work uses less than a quarter of the machine's CPU ...
 QUIET_PATIENCE = 60.0  # ... or after this many seconds of waiting for that
 
-SPEC = """
-name = "bench-loadgen-{target}"
-seed = 1
-[[classes]]
-name = "pools"
-count = 8
-discipline = "pool"
-[workload]
-arrival_rate = 1.0
-service = {{ dist = "exponential", mean = 1.0 }}
-[policy]
-name = "random"
-[run]
-warmup = 0.0
-duration = 1.0
-time_scale = {scale}
-"""
 #: wall seconds per model second: the sink ignores the works; the cluster's tasks last 10 ms on average
 SCALES = {"sink": 1.0, "cluster": 0.01}
 
@@ -233,7 +217,7 @@ def benchmark(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str,
     with tempfile.TemporaryDirectory(prefix="bench-loadgen-") as tmp:
         for target in args.targets:
             spec = Path(tmp) / f"{target}.toml"
-            spec.write_text(SPEC.format(target=target, scale=SCALES[target]))
+            spec.write_text(pools_spec(1.0, 1.0, SCALES[target]))  # each trial sets its rate and length
             with target_url(target, Path(tmp), spec) as url:
                 for generator in args.generators:
                     start = args.start if generator == "lbt" else args.start / 4

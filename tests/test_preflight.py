@@ -83,8 +83,8 @@ def test_auto_picks_the_smallest_scale_that_fits(tmp_path: Path) -> None:
     scale, why = pf.auto_time_scale(exp, CAL, node_processes=4)
     est = pf.estimate(exp, CAL, scale, node_processes=4)
     assert est.overhead_fraction <= pf.AUTO_OVERHEAD and est.busiest <= pf.WARN_LOAD
-    grid = sorted({round(m * 10.0**e, 12) for e in range(-4, 3) for m in (1.0, 2.0, 5.0)})
-    smaller = [s for s in grid if s < scale]
+    assert len(pf.AUTO_GRID) == 21 and pf.AUTO_GRID[0] == 1e-4 and pf.AUTO_GRID[-1] == 500.0
+    smaller = [s for s in pf.AUTO_GRID if s < scale]
     assert smaller and all(
         pf.estimate(exp, CAL, s, node_processes=4).overhead_fraction > pf.AUTO_OVERHEAD
         or pf.estimate(exp, CAL, s, node_processes=4).busiest > pf.WARN_LOAD
