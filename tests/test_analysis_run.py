@@ -47,7 +47,7 @@ from lbtestbed.analysis.measurement.scrape import Snapshot, from_query, parse
 from lbtestbed.analysis.report import plots
 from lbtestbed.analysis.report import run_report as report
 from lbtestbed.analysis.results.raw import RawRun
-from lbtestbed.analysis.results.result import Result, summarize
+from lbtestbed.analysis.results.result import METRICS, Result, summarize
 from lbtestbed.cli import main
 from lbtestbed.cluster.processes import free_ports
 from lbtestbed.dispatcher.host import DispatcherHost
@@ -197,20 +197,7 @@ def result(
     **values: dict[str, Any],
 ) -> Result:
     """A result object built by hand: every metric null unless given."""
-    names = (
-        "mean_sojourn",
-        "sojourn_p50",
-        "sojourn_p99",
-        "mean_tasks_per_node",
-        "tasks_in_system",
-        "utility",
-        "wait_probability",
-        "idle_capacity",
-        "idle_nodes",
-        "messages_per_task",
-        "slta_r",
-    )
-    metrics: dict[str, Any] = {m: est(None) for m in names}
+    metrics: dict[str, Any] = {m: est(None) for m in METRICS if m != "occupancy_tail"}
     metrics.update(values)
     metrics["occupancy_tail"] = tails or {}
     extras: dict[str, Any] = {"notes": notes} if notes is not None else {}

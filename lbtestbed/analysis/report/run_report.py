@@ -211,16 +211,9 @@ def cost_sentence(rep: RunReport) -> str | None:
     """What the emulation's delays cost the policy: the twin against the zero-delay simulation."""
     parts = []
     for metric in COST_METRICS:
-        v = rep.verdict(metric, "simulation", "twin")
-        if v is None or v.agrees is None:
-            continue
-        label = metric.replace("_", " ")
-        if v.relative is not None:
-            ci = f" ± {100 * v.relative_ci95:.2g} %" if v.relative_ci95 is not None else ""
-            parts.append(f"{100 * v.relative:+.2g} %{ci} of {label}")
-        elif v.difference is not None:
-            ci = f" ± {v.difference_ci95:.2g}" if v.difference_ci95 is not None else ""
-            parts.append(f"{v.difference:+.3g}{ci} of {label}")
+        gap = _gap(rep.verdict(metric, "simulation", "twin"))
+        if gap != "-":
+            parts.append(f"{gap} of {metric.replace('_', ' ')}")
     if not parts:
         return None
     return (
@@ -381,30 +374,16 @@ def _time_section(rep: RunReport) -> list[str]:
     if not o:
         return []
     rows = [["leg", "what", "p50 ms", "p99 ms", "p50 model s", "p99 model s"]]
+
+    def quantiles(q: dict[str, float]) -> list[str]:
+        return [_num(q.get(k)) for k in ("p50_ms", "p99_ms", "p50_model", "p99_model")]
+
     for name, q in o["legs"].items():
-        rows.append(
-            [
-                name,
-                LEG_WORDS.get(name, ""),
-                _num(q.get("p50_ms")),
-                _num(q.get("p99_ms")),
-                _num(q.get("p50_model")),
-                _num(q.get("p99_model")),
-            ]
-        )
+        rows.append([name, LEG_WORDS.get(name, ""), *quantiles(q)])
     for label, ages in (("message", o.get("message_age", {})), ("rider", o.get("rider_age", {}))):
+        what = "sent on its own request" if label == "message" else "riding on a reply"
         for kind, q in ages.items():
-            what = "sent on its own request" if label == "message" else "riding on a reply"
-            rows.append(
-                [
-                    f"age of {kind}",
-                    what,
-                    _num(q.get("p50_ms")),
-                    _num(q.get("p99_ms")),
-                    _num(q.get("p50_model")),
-                    _num(q.get("p99_model")),
-                ]
-            )
+            rows.append([f"age of {kind}", what, *quantiles(q)])
     return [
         "## Where the time goes",
         "",
