@@ -43,8 +43,15 @@ UTILITY_POLICIES = ("jlmu", "slta")
 #: rather than run out of memory building per-node tables
 MAX_NODES = 10_000_000
 
-# Policy keys each policy accepts beside ``name``; a key given to a policy that ignores it is an error,
-# because a user who writes it expects it to act.
+#: how arrivals are spread over several dispatchers: each to a uniformly random one, or in turn
+SPLITS = ("random", "round_robin")
+#: dispatchers a spec may ask for: each is a process of its own on the cluster
+MAX_DISPATCHERS = 64
+#: keys every policy accepts: how many dispatchers run it and how the arrivals reach them
+COMMON_POLICY_KEYS = ("dispatchers", "split")
+
+# Policy keys each policy accepts beside ``name`` and COMMON_POLICY_KEYS; a key given to a policy that
+# ignores it is an error, because a user who writes it expects it to act.
 POLICY_KEYS: dict[str, tuple[str, ...]] = {
     "random": (),
     "round_robin": (),
@@ -108,6 +115,8 @@ class PolicySpec:
     tie_break: str = "random"
     beta: float | None = None
     rank_order: str = "ij"
+    dispatchers: int = 1  # K dispatchers side by side, each with its own state (docs/spec.md, "dispatchers")
+    split: str = "random"  # how the arrivals are spread over them: SPLITS
 
 
 @dataclass(frozen=True)
@@ -198,7 +207,16 @@ class Experiment:
         return self.workload.arrival_rate * self.workload.service.mean
 
 
-_STREAMS = {"speeds": 1, "arrivals": 2, "sizes": 3, "policy": 4, "network": 5, "nodes": 6}
+_STREAMS = {
+    "speeds": 1,
+    "arrivals": 2,
+    "sizes": 3,
+    "policy": 4,
+    "network": 5,
+    "nodes": 6,
+    "split": 7,  # which dispatcher each arrival reaches (policy.split = "random")
+    "dispatchers": 8,  # the simulator's dispatchers 1..K-1 (dispatcher 0 draws from "policy")
+}
 
 
 def seed_sequence(seed: int, stream: str, replication: int = 0) -> np.random.SeedSequence:
@@ -379,7 +397,14 @@ def _parse_class(r: _Reader) -> NodeClass:
 
 def _parse_policy(r: _Reader, classes: Sequence[NodeClass], n: int) -> PolicySpec:
     name = r.string("name", choices=POLICIES)
-    r.check_keys(("name", *POLICY_KEYS[name]))
+    r.check_keys(("name", *COMMON_POLICY_KEYS, *POLICY_KEYS[name]))
+    dispatchers = r.integer("dispatchers", default=1, minimum=1, maximum=MAX_DISPATCHERS)
+    split = r.string("split", default="random", choices=SPLITS)
+    if name == "slta" and dispatchers > 1:
+        raise r.fail(
+            "dispatchers",
+            "SLTA learns one threshold index for the whole cluster: it runs with one dispatcher",
+        )
     d: int | tuple[int, ...] | None = None
     if name in ("power_of_d", "least_request"):
         d = r.integer("d", default=2, minimum=1)
@@ -422,7 +447,16 @@ def _parse_policy(r: _Reader, classes: Sequence[NodeClass], n: int) -> PolicySpe
                 f'(docs/theory.md, "SLTA\'s learning rule and the bound on beta"); use beta >= {2 / n:.3g}',
             )
     rank_order = r.string("rank_order", default="ij", choices=("ij", "ji"))
-    return PolicySpec(name=name, d=d, replace=replace, tie_break=tie_break, beta=beta, rank_order=rank_order)
+    return PolicySpec(
+        name=name,
+        d=d,
+        replace=replace,
+        tie_break=tie_break,
+        beta=beta,
+        rank_order=rank_order,
+        dispatchers=dispatchers,
+        split=split,
+    )
 
 
 def parse_spec(data: Mapping[str, Any], source: str = "<spec>") -> Experiment:
@@ -636,7 +670,8 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str], source: str)
             # switching policy drops the old one's parameters that the new one does not take, so that
             # a sweep over policies needs no per-policy file; the new policy's own defaults apply
             table = data["policy"]
-            for k in [k for k in table if k != "name" and k not in POLICY_KEYS[value]]:
+            keep = ("name", *COMMON_POLICY_KEYS, *POLICY_KEYS[value])
+            for k in [k for k in table if k not in keep]:
                 del table[k]
     return data
 

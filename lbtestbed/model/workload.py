@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lbtestbed.model.spec import Experiment, seed_sequence
+from lbtestbed.model.spec import Experiment, seed_sequence, seeded_random
 
 
 class Task:
@@ -60,3 +60,28 @@ class PoissonWorkload:
         self.count += 1
         self.time = self._t[i]
         return self.time, self._w[i]
+
+
+class DispatcherSplit:
+    """Which of the spec's ``policy.dispatchers`` dispatchers each arrival reaches, in arrival order:
+    uniformly at random from the experiment's own stream (``split = "random"``) or in turn from dispatcher
+    0 (``"round_robin"``). The simulator, its twin and both load generators draw the same sequence, so that
+    task i reaches the same dispatcher in all of them."""
+
+    def __init__(self, exp: Experiment, replication: int = 0) -> None:
+        self.k = exp.policy.dispatchers
+        self.in_turn = exp.policy.split == "round_robin"
+        self._random = seeded_random(exp.seed, "split", replication).random
+        self._turn = -1
+
+    def next(self) -> int:
+        if self.k == 1:
+            return 0
+        if self.in_turn:
+            self._turn = (self._turn + 1) % self.k
+            return self._turn
+        return int(self._random() * self.k)
+
+    def take(self, count: int) -> list[int]:
+        """The dispatchers of the next ``count`` arrivals."""
+        return [self.next() for _ in range(count)]

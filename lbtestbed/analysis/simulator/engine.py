@@ -13,6 +13,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import random
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -21,8 +22,8 @@ import numpy as np
 
 from lbtestbed.analysis.results.raw import RawRun
 from lbtestbed.model.distributions import BlockSampler
-from lbtestbed.model.spec import Experiment, seed_sequence, seeded_random
-from lbtestbed.model.workload import PoissonWorkload, Task
+from lbtestbed.model.spec import MAX_DISPATCHERS, Experiment, seed_sequence, seeded_random
+from lbtestbed.model.workload import DispatcherSplit, PoissonWorkload, Task
 from lbtestbed.policies import (
     MESSAGE_KINDS,
     DispatcherSide,
@@ -64,6 +65,11 @@ class _Pending:
         self.missing = len(probe.nodes)
 
 
+def _own_stream(exp: Experiment, replication: int, i: int) -> random.Random:
+    """The random stream of the simulator's dispatcher ``i`` >= 1 in ``replication``."""
+    return seeded_random(exp.seed, "dispatchers", replication * MAX_DISPATCHERS + i)
+
+
 class Simulator:
     """One replication of an experiment."""
 
@@ -72,8 +78,14 @@ class Simulator:
         self.progress = progress
         self.workload = PoissonWorkload(exp, replication)
         policy_rng = seeded_random(exp.seed, "policy", replication)
-        self.dispatcher = make_dispatcher(exp, policy_rng)
-        self.sides = make_node_sides(exp, policy_rng)
+        k = exp.policy.dispatchers
+        # dispatcher 0 shares its stream with the node sides, as one alone does; the others have theirs
+        self.dispatcher = make_dispatcher(exp, policy_rng, 0, k)
+        self.dispatchers = [self.dispatcher] + [
+            make_dispatcher(exp, _own_stream(exp, replication, i), i, k) for i in range(1, k)
+        ]
+        self.split = DispatcherSplit(exp, replication)
+        self.sides = make_node_sides(exp, policy_rng, dispatchers=k)
         self.nodes: list[NodeModel] = [
             make_node(exp.classes[c].discipline, s, exp.classes[c].utility)
             for c, s in zip(exp.node_class, exp.node_speeds, strict=True)
@@ -143,7 +155,7 @@ class Simulator:
             if delay is not None:
                 self._push(self.now + delay, _AT_DISPATCHER, m)
             else:
-                out = self.dispatcher.on_message(m)
+                out = self.dispatchers[m.dispatcher].on_message(m)
                 if out:
                     self._to_nodes(out)
 
@@ -187,12 +199,13 @@ class Simulator:
     # --------------------------------------------------------------------------------------- events
 
     def _arrival(self, t: float, work: float) -> None:
-        task = Task(self.workload.count, work, t, 0, self.batch)
+        origin = self.split.next()
+        task = Task(self.workload.count, work, t, origin, self.batch)
         self._total_changes(t, +1)
         if self.batch >= 0:
             self.arrivals[self.batch] += 1
             self.outstanding += 1
-        decision = self.dispatcher.dispatch()
+        decision = self.dispatchers[origin].dispatch()
         if isinstance(decision, Probe):
             self._probe(task, decision)
         else:
@@ -207,7 +220,7 @@ class Simulator:
                 self.msg_counts["probe_reply"][self.batch] += d
             sides, nodes = self.sides, self.nodes
             replies = [sides[k].probe_reply(nodes[k].x) for k in probe.nodes]
-            self._route(task, self.dispatcher.resolve(probe, replies))
+            self._route(task, self.dispatchers[task.origin].resolve(probe, replies))
             return
         pending = _Pending(task, probe)
         for i in range(d):
@@ -233,7 +246,7 @@ class Simulator:
             self.fcfs_arrivals[task.batch] += 1
             self.fcfs_waits[task.batch] += waits
         self._reschedule(k)
-        msgs = self.sides[k].on_arrival(node.x, 0, route.piggyback)
+        msgs = self.sides[k].on_arrival(node.x, task.origin, route.piggyback)
         if msgs:
             self._to_dispatcher(msgs)
         if route.messages:
@@ -255,14 +268,14 @@ class Simulator:
             self._to_dispatcher(msgs)
         if self.delay_tasks:
             assert self.delay is not None
-            self._push(t + self.delay(), _DONE_AT_DISPATCHER, k)
+            self._push(t + self.delay(), _DONE_AT_DISPATCHER, k, task.origin)
         else:
-            self.dispatcher.on_task_done(k)
+            self.dispatchers[task.origin].on_task_done(k)
 
     def _heap_event(self, kind: int, a: object, b: object) -> None:
         if kind == _AT_DISPATCHER:
             assert isinstance(a, Message)
-            out = self.dispatcher.on_message(a)
+            out = self.dispatchers[a.dispatcher].on_message(a)
             if out:
                 self._to_nodes(out)
         elif kind == _AT_NODE:
@@ -282,13 +295,13 @@ class Simulator:
             a.replies[b[0]] = b[1]
             a.missing -= 1
             if a.missing == 0:
-                self._route(a.task, self.dispatcher.resolve(a.probe, a.replies))
+                self._route(a.task, self.dispatchers[a.task.origin].resolve(a.probe, a.replies))
         elif kind == _TASK_AT_NODE:
             assert isinstance(a, Task) and isinstance(b, Route)
             self._task_at_node(a, b)
         elif kind == _DONE_AT_DISPATCHER:
-            assert isinstance(a, int)
-            self.dispatcher.on_task_done(a)
+            assert isinstance(a, int) and isinstance(b, int)
+            self.dispatchers[b].on_task_done(a)
 
     # ---------------------------------------------------------------------------------- measurement
 
@@ -340,7 +353,7 @@ class Simulator:
     def run(self) -> RawRun:
         wall = time.perf_counter()
         boundaries, drain_until = self._window()
-        if self.delay is None:
+        if self.delay is None and len(self.dispatchers) == 1:  # the fused loops know one dispatcher
             self._run_direct(boundaries, drain_until)
         else:
             self._run_general(boundaries, drain_until)

@@ -41,7 +41,7 @@ from lbtestbed.analysis.simulator.engine import (
     Simulator,
 )
 from lbtestbed.model.spec import Experiment, seeded_random
-from lbtestbed.model.workload import Task
+from lbtestbed.model.workload import DispatcherSplit, Task
 from lbtestbed.policies import Message, Probe, Route, make_dispatcher
 from lbtestbed.policies.slta import SLTADispatcher
 
@@ -79,8 +79,13 @@ class TwinSimulator(Simulator):
     def __init__(self, exp: Experiment, emulation: Emulation, progress: Progress | None = None) -> None:
         super().__init__(exp, 0, progress)
         self.emulation = emulation
-        if emulation.policy_stream:
-            self.dispatcher = make_dispatcher(exp, seeded_random(exp.seed, "policy", emulation.policy_stream))
+        if emulation.policy_stream:  # cluster dispatcher i draws from stream policy_stream + i
+            k = exp.policy.dispatchers
+            self.dispatchers = [
+                make_dispatcher(exp, seeded_random(exp.seed, "policy", emulation.policy_stream + i), i, k)
+                for i in range(k)
+            ]
+            self.dispatcher = self.dispatchers[0]
             self.slta = self.dispatcher if isinstance(self.dispatcher, SLTADispatcher) else None
         self.delay = None  # the measured delays replace the spec's emulated ones: they include them
         self.delay_tasks = False
@@ -95,6 +100,8 @@ class TwinSimulator(Simulator):
         self.rider_ages = {k: list(v) for k, v in emulation.rider_ages.items() if len(v)}
         self.age_rng: random.Random = seeded_random(exp.seed, "network", 7000)
         self.workload = _NoArrivals()  # type: ignore[assignment]
+        # task i of the trace reached the dispatcher the generators sent it to: the spec's split, in order
+        self.origins = DispatcherSplit(exp).take(len(emulation.tasks))
 
     # ----------------------------------------------------------------------------- message delays
 
@@ -119,14 +126,15 @@ class TwinSimulator(Simulator):
 
     def _accept(self, i: int) -> None:
         t, work = self.emulation.tasks[i]
-        task = Task(i, work, t, 0, self._batch_of(t))  # batched by intended arrival, as the cluster does
+        # batched by intended arrival, as the cluster does
+        task = Task(i, work, t, self.origins[i], self._batch_of(t))
         self._total_changes(self.now, +1)
         if self.batch >= 0:
             self.arrivals[self.batch] += 1  # counted when the dispatcher takes it, as its decisions are
         if task.batch >= 0:
             self.outstanding += 1
         _, decide, *_ = self.task_legs[i]
-        decision = self.dispatcher.dispatch()
+        decision = self.dispatchers[task.origin].dispatch()
         if isinstance(decision, Probe):
             self._push(self.now + decide / 2, _PROBE_READ, task, decision)
         else:
@@ -162,7 +170,7 @@ class TwinSimulator(Simulator):
             self._count(m.kind)  # sent now, applied with the reply
         if msgs:
             self._to_dispatcher(msgs)
-        self._push(t + notify, _NOTIFY, k, ride)
+        self._push(t + notify, _NOTIFY, (k, task.origin), ride)
         self._push(t + max(notify, leave), _LEAVE, k)
 
     def _heap_event(self, kind: int, a: object, b: object) -> None:
@@ -180,16 +188,17 @@ class TwinSimulator(Simulator):
         elif kind == _RESOLVE:
             assert isinstance(a, Task) and isinstance(b, tuple)
             probe, replies = b
-            self._decided(a, self.dispatcher.resolve(probe, replies), 0.0)
+            self._decided(a, self.dispatchers[a.origin].resolve(probe, replies), 0.0)
         elif kind == _LEAVE:
             self._total_changes(self.now, -1)  # the dispatcher's answer is ready: the task leaves it
         elif kind == _NOTIFY:
-            assert isinstance(a, int) and isinstance(b, tuple)
+            assert isinstance(a, tuple) and isinstance(b, tuple)
+            k, origin = a
             for m in b:
-                out = self.dispatcher.on_message(m)
+                out = self.dispatchers[m.dispatcher].on_message(m)
                 if out:
                     self._to_nodes(out)
-            self.dispatcher.on_task_done(a)
+            self.dispatchers[origin].on_task_done(k)
         else:
             super()._heap_event(kind, a, b)
 
