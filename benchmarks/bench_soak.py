@@ -847,7 +847,7 @@ def config_from(args: argparse.Namespace) -> Config:
     if spec is None:
         spec = str(args.out / "spec.toml")
         Path(spec).write_text(BUILTIN_SPEC)
-    overrides = list(args.overrides)
+    overrides = [*args.overrides, f"policy.dispatchers={args.dispatchers}"]
     exp = load_spec(spec, overrides)
     rate = args.rate if args.rate is not None else exp.workload.arrival_rate / exp.run.time_scale
     scale = exp.workload.arrival_rate / rate
@@ -914,7 +914,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     outcome: Outcome | None = None
     try:
         with Cluster(cfg.out / "cluster" / "cluster.json") as cluster:
-            f = cluster.up(cfg.exp, dispatchers=cfg.dispatchers, node_processes=cfg.node_processes)
+            f = cluster.up(cfg.exp, node_processes=cfg.node_processes)
             pids = {f"dispatcher-{e.index}": e.pid for e in f.dispatchers}
             pids |= {f"nodes-{e.index}": e.pid for e in f.node_hosts}
             pids["generator"] = os.getpid()

@@ -42,16 +42,6 @@ def at_least(minimum: int) -> Callable[[str], int]:
     return integer
 
 
-def dispatcher_problem(exp: Experiment, dispatchers: int) -> str | None:
-    """Why ``exp`` cannot run behind ``dispatchers`` dispatchers, if it cannot."""
-    if exp.policy.name == "slta" and dispatchers > 1:
-        return (
-            f"{exp.source}: policy.name = slta with --dispatchers {dispatchers}: SLTA learns one threshold "
-            "index for the whole cluster, run it with one dispatcher"
-        )
-    return None
-
-
 def netns_problem(args: argparse.Namespace) -> str | None:
     """Why the ``--netns``/``--bandwidth`` options given cannot work together."""
     if args.bandwidth and not args.netns:
@@ -69,14 +59,14 @@ def preflight(
     from lbtestbed.experiment import preflight as pf
 
     cal = pf.load_calibration(say)
-    dispatchers, processes = getattr(args, "dispatchers", 1), getattr(args, "node_processes", None)
+    processes = getattr(args, "node_processes", None)
     record: dict[str, Any] = {"calibration": cal.to_json()}
     if exp.run.auto_time_scale:
-        scale, why = pf.auto_time_scale(exp, cal, dispatchers, processes)
+        scale, why = pf.auto_time_scale(exp, cal, processes)
         exp = pf.resolve(exp, scale)
         record["time_scale"] = {"auto": True, "picked": scale, "why": why}
         say(why)
-    est = pf.estimate(exp, cal, None, dispatchers, processes)
+    est = pf.estimate(exp, cal, None, processes)
     level, line = pf.judge(est, cal)
     record["estimate"] = {**est.to_json(), "level": level, "why": line}
     if level == "refuse" and not getattr(args, "force", False):
@@ -187,7 +177,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
             if args.spec is None:
                 return _bad_input("lbt cluster up needs a SPEC")
             exp = load_spec(args.spec, args.set)  # a bad spec fails here, before any process starts
-            problem = dispatcher_problem(exp, args.dispatchers) or netns_problem(args)
+            problem = netns_problem(args)
             if problem:
                 return _bad_input(problem)
             exp, _, refusal = preflight(exp, args, lambda line: print(f"lbt: {line}", file=sys.stderr))
@@ -200,7 +190,6 @@ def cmd_cluster(args: argparse.Namespace) -> int:
                     return prometheus[0]
             f = cluster.up(
                 exp,
-                args.dispatchers,
                 args.node_processes,
                 args.max_tasks,
                 netns=args.netns,
@@ -387,7 +376,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from lbtestbed.transport.cluster_file import ClusterError
 
     exp = load_spec(args.spec, args.set)  # a bad spec fails before anything starts
-    problem = dispatcher_problem(exp, args.dispatchers) or netns_problem(args)
+    problem = netns_problem(args)
     if problem:
         return _bad_input(problem)
     say = _stages(args.quiet)
@@ -413,7 +402,6 @@ def cmd_run(args: argparse.Namespace) -> int:
             preflight=record,
             simulate=not args.no_simulation,
             endpoints=Path(args.endpoints) if args.endpoints else None,
-            dispatchers=args.dispatchers,
             node_processes=args.node_processes,
             prometheus=args.prometheus,
             with_prometheus=args.with_prometheus,
@@ -443,9 +431,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     say = _stages(args.quiet)
     if not args.simulate_only:  # every point is checked (and its time scale picked) before the first runs
         for i, (settings, point) in enumerate(grid):
-            problem = dispatcher_problem(point, args.dispatchers)
-            if problem:
-                return _bad_input(problem)
             resolved, _, refusal = preflight(point, args, say)
             if refusal:
                 return _bad_input(f"sweep point {' '.join(settings)}: {refusal}")
@@ -460,7 +445,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             say,
             simulate_only=args.simulate_only,
             jobs=args.jobs,
-            dispatchers=args.dispatchers,
             node_processes=args.node_processes,
         )
     except _run_errors() as e:
@@ -503,7 +487,11 @@ def _add_force(parser: argparse.ArgumentParser) -> None:
 def _add_processes(parser: argparse.ArgumentParser) -> None:
     """``--dispatchers`` and ``--node-processes``, the same for every command that starts a cluster."""
     parser.add_argument(
-        "--dispatchers", type=at_least(1), default=1, metavar="K", help="dispatchers side by side (default 1)"
+        "--dispatchers",
+        type=at_least(1),
+        default=None,
+        metavar="K",
+        help="dispatchers side by side: the same as --set policy.dispatchers=K (default: the spec's)",
     )
     parser.add_argument(
         "--node-processes",
@@ -755,6 +743,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "dispatchers", None) is not None:  # an override of the spec's key, after the others
+        args.set = [*args.set, f"policy.dispatchers={args.dispatchers}"]
     try:
         return int(args.func(args))
     except SpecError as e:

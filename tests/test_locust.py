@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import socket
 import subprocess
 import sys
@@ -27,8 +26,8 @@ from lbtestbed.loadgen.plan import LEAD_IN, build_plan, closed_users
 from lbtestbed.model.spec import load_spec
 from lbtestbed.transport.cluster_file import ClusterFile, Endpoint
 
-#: 4 pools (infinite servers, so no task waits) and 2 dispatchers; 150 tasks per wall second for 2 s,
-#: each holding its pool for 50 ms of wall time on average
+#: 4 pools (infinite servers, so no task waits) and 2 dispatchers (arrivals split at random); 150 tasks
+#: per wall second for 2 s, each holding its pool for 50 ms of wall time on average
 CLUSTER_SPEC = """
 name = "locust"
 seed = 4
@@ -41,6 +40,7 @@ arrival_rate = 7.5
 service = { dist = "exponential", mean = 1.0 }
 [policy]
 name = "random"
+dispatchers = 2
 [run]
 warmup = 0.0
 duration = 40.0
@@ -89,18 +89,19 @@ def test_locust_tasks_are_counted_by_the_dispatchers(tmp_path: Path) -> None:
     spec = tmp_path / "spec.toml"
     spec.write_text(CLUSTER_SPEC)
     with Cluster(tmp_path / "cluster.json") as cluster:
-        f = cluster.up(load_spec(spec), dispatchers=2, node_processes=2)
+        f = cluster.up(load_spec(spec), node_processes=2)
         out = lbt("load", str(spec), "--cluster", str(cluster.path), "--locust", "--json", "--quiet")
         assert out.returncode == 0, out.stderr
         summary = json.loads(out.stdout)
         counted = [dispatcher_tasks(d.url) for d in f.dispatchers]
     # locust sent the spec's tasks: the same ones lbt load would send
-    plan = build_plan(load_spec(spec), dispatchers=["http://unused"])
+    plan = build_plan(load_spec(spec), dispatchers=["http://unused", "http://unused-too"])
     assert summary["generator"] == "locust" and summary["mode"] == "open"
     assert summary["scheduled"] == summary["completed"] == len(plan.tasks)
-    # each dispatcher counted what it completed, round robin: half each, the first one more if odd
+    # each dispatcher completed the tasks the spec's split sends it, as lbt load and the simulator split them
     completed = [c.get("completed", 0.0) for c in counted]
-    assert completed == [math.ceil(len(plan.tasks) / 2), len(plan.tasks) // 2]
+    assert completed == [plan.routes.count(0), plan.routes.count(1)]
+    assert 0 < plan.routes.count(0) < len(plan.tasks)
     assert all(c.get("refused", 0.0) == c.get("lost", 0.0) == 0.0 for c in counted)
     assert summary["locust_requests"] == len(plan.tasks) and summary["locust_failures"] == 0
 

@@ -51,7 +51,7 @@ def spec_file(tmp_path: Path, policy: str = 'name = "random"', scale: object = 0
 
 def test_the_estimate_is_the_calibrated_cost_times_the_rates(tmp_path: Path) -> None:
     exp = load_spec(spec_file(tmp_path, 'name = "power_of_d"\nd = 2'))
-    est = pf.estimate(exp, CAL, dispatchers=1, node_processes=4)
+    est = pf.estimate(exp, CAL, node_processes=4)
     tasks = exp.workload.arrival_rate / 0.1  # 20 nodes x 0.5 / 2.0 per model s, over 0.1 wall s each
     assert est.tasks_per_s == pytest.approx(tasks)
     assert est.probes_per_s == pytest.approx(2 * tasks)

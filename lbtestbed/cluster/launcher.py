@@ -91,7 +91,6 @@ class Cluster:
     def up(
         self,
         exp: Experiment,
-        dispatchers: int = 1,
         node_processes: int | None = None,
         max_tasks: int = 100_000,
         timeout: float = 30.0,
@@ -102,17 +101,12 @@ class Cluster:
         bridge (``lbtestbed.cluster.netns``), with ``bandwidth`` (a tc rate) on every link if given.
 
         The processes read the experiment themselves, from the file and overrides it was loaded from
-        (``exp.source``, ``exp.overrides``)."""
+        (``exp.source``, ``exp.overrides``); it runs the spec's ``policy.dispatchers`` dispatchers."""
+        dispatchers = exp.policy.dispatchers
         if not Path(exp.source).is_file():
             raise ClusterError(
                 f"{exp.source}: the cluster's processes read the spec from a file: no such file"
             )
-        if exp.policy.name == "slta" and dispatchers > 1:
-            raise ClusterError(
-                "slta learns one threshold index for the whole cluster: run it with one dispatcher"
-            )
-        if dispatchers < 1:
-            raise ClusterError(f"a cluster needs at least one dispatcher, got {dispatchers}")
         if node_processes is not None and node_processes < 1:
             raise ClusterError(f"a cluster needs at least one node process, got {node_processes}")
         if self.path.exists():

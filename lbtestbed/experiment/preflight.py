@@ -221,11 +221,11 @@ def estimate(
     exp: Experiment,
     cal: Calibration,
     time_scale: float | None = None,
-    dispatchers: int = 1,
     node_processes: int | None = None,
 ) -> Estimate:
     ts = exp.run.time_scale if time_scale is None else time_scale
     processes = node_processes or default_node_processes(exp.n, cal.cores)
+    dispatchers = exp.policy.dispatchers
     tasks = exp.workload.arrival_rate / ts
     probes = tasks * probes_per_task(exp)
     messages = tasks * own_messages_per_task(exp)
@@ -257,12 +257,12 @@ def judge(est: Estimate, cal: Calibration) -> tuple[str, str]:
 
 
 def auto_time_scale(
-    exp: Experiment, cal: Calibration, dispatchers: int = 1, node_processes: int | None = None
+    exp: Experiment, cal: Calibration, node_processes: int | None = None
 ) -> tuple[float, str]:
     """The smallest time scale (on a 1-2-5 grid) whose expected overhead is at most 1 % of the mean
     service time and whose load stays below the warning level; the reason, in one line."""
     for ts in AUTO_GRID:
-        est = estimate(exp, cal, ts, dispatchers, node_processes)
+        est = estimate(exp, cal, ts, node_processes)
         if judge(est, cal)[0] == "ok" and est.overhead_fraction <= AUTO_OVERHEAD:
             why = (
                 f"time_scale = auto picked {ts:g}: {est.tasks_per_s:.0f} tasks/s load the busiest process "

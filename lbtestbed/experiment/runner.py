@@ -36,6 +36,7 @@ from lbtestbed.dispatcher.host import DISPATCHER_STREAM
 from lbtestbed.experiment.fault_injector import Injector, check
 from lbtestbed.loadgen.openloop import LoadReport, drive, poisson_tasks, write_trace
 from lbtestbed.model.spec import Experiment, SpecError
+from lbtestbed.model.workload import DispatcherSplit
 from lbtestbed.transport.cluster_file import ClusterError, ClusterFile
 
 Say = Callable[[str], None]
@@ -186,7 +187,14 @@ async def measure(
         origin = time.monotonic() + LEAD_IN
         origin_unix = time.time() + LEAD_IN
         load = asyncio.ensure_future(
-            drive([d.url for d in f.dispatchers], tasks, scale, max_outstanding, start=origin)
+            drive(
+                [d.url for d in f.dispatchers],
+                tasks,
+                scale,
+                max_outstanding,
+                start=origin,
+                routes=DispatcherSplit(exp).take(len(tasks)),
+            )
         )
         injector = Injector(exp, f, cluster_path or Path("cluster.json"), origin, say)
         injecting = asyncio.ensure_future(injector.run(session)) if faulty else None
@@ -280,6 +288,11 @@ def existing_cluster(exp: Experiment, endpoints: Path) -> ClusterFile:
                 f"{endpoints}: the cluster's processes run {what} = {theirs}, the spec asks for {mine}; "
                 f"start the cluster with the same spec and overrides"
             )
+    if len(f.dispatchers) != exp.policy.dispatchers:
+        raise ClusterError(
+            f"{endpoints}: the cluster has {len(f.dispatchers)} dispatcher(s), the spec runs "
+            f"{exp.policy.dispatchers} (policy.dispatchers)"
+        )
     check_faults(exp, f, local=False)
     return f
 
@@ -289,7 +302,6 @@ def cluster_for(
     exp: Experiment,
     directory: Path,
     endpoints: Path | None,
-    dispatchers: int,
     node_processes: int | None,
     say: Say,
     netns: bool = False,
@@ -301,11 +313,10 @@ def cluster_for(
         return
     cluster = Cluster(directory / "cluster.json")
     where = " in network namespaces" if netns else ""
-    say(f"starting the cluster{where}: {exp.n} nodes, {dispatchers} dispatcher(s)")
+    say(f"starting the cluster{where}: {exp.n} nodes, {exp.policy.dispatchers} dispatcher(s)")
     try:
         f = cluster.up(
             exp,
-            dispatchers=dispatchers,
             node_processes=node_processes,
             netns=netns,
             bandwidth=bandwidth,
@@ -332,7 +343,6 @@ def run_cluster(
     say: Say,
     *,
     endpoints: Path | None = None,
-    dispatchers: int = 1,
     node_processes: int | None = None,
     prometheus: str | None = None,
     with_prometheus: bool = False,
@@ -342,7 +352,7 @@ def run_cluster(
     """Start (or use) the cluster, record and send the workload, and measure the window."""
     tasks = list(poisson_tasks(exp, exp.run.warmup + exp.run.duration + drain_arrivals(exp)))
     write_trace(directory / "trace.csv", tasks)
-    with cluster_for(exp, directory, endpoints, dispatchers, node_processes, say, netns, bandwidth) as f:
+    with cluster_for(exp, directory, endpoints, node_processes, say, netns, bandwidth) as f:
         path = endpoints if endpoints is not None else directory / "cluster.json"
         info = {
             "dispatchers": [d.url for d in f.dispatchers],

@@ -74,6 +74,11 @@ class Run:
         # closed mode: works in the spec's order, as many as the users ask for
         self.works: Iterator[float] = (w for _, w in iter(PoissonWorkload(plan.exp).next, None))
 
+    def url_of(self, i: int) -> str:
+        """Task i's dispatcher: the spec's split in open mode, in turn beyond the plan (closed mode)."""
+        routes = self.plan.routes
+        return self.urls[routes[i] if i < len(routes) else i % len(self.urls)]
+
     def post(self, client: Any, i: int, t: float, work: float, intended: float, timed: bool) -> None:
         """Send one task and record how it ended; ``timed``: measure how late it left."""
         report = self.report
@@ -85,7 +90,7 @@ class Run:
                 report.late += 1
         try:
             resp = client.post(
-                self.urls[i % len(self.urls)], data=b'{"work": %r}' % work, headers=JSON_BODY, name=STATS_NAME
+                self.url_of(i), data=b'{"work": %r}' % work, headers=JSON_BODY, name=STATS_NAME
             )
             done = time.monotonic()
             if resp.status_code == 200:

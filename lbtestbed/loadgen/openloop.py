@@ -210,8 +210,10 @@ async def drive(
     progress: Callable[[int, int], None] | None = None,
     start: float | None = None,
     pools: Sequence[HttpPool] | None = None,
+    routes: Sequence[int] | None = None,
 ) -> LoadReport:
-    """Send ``tasks`` on their schedule, round robin over ``dispatchers``; return what happened.
+    """Send ``tasks`` on their schedule, task i to dispatcher ``routes[i]`` (the spec's split:
+    ``DispatcherSplit``; by default in turn); return what happened.
 
     Model time 0 is the monotonic instant ``start`` (default: 50 ms from now), so a caller can line up
     measurements with the schedule. A send's lateness is taken when its request starts, not when it is
@@ -234,7 +236,8 @@ async def drive(
             report.late += 1
         try:
             body = b'{"work": %r}' % work  # repr of a finite float is a JSON number
-            status, raw = await pools[i % len(pools)].post(path, body)
+            pool = pools[routes[i]] if routes is not None else pools[i % len(pools)]
+            status, raw = await pool.post(path, body)
             done = time.monotonic()
             if status == 200:
                 report.completed(t, work, orjson.loads(raw), intended, sent, done, time_scale)
@@ -301,6 +304,7 @@ def run_load(
     time_scale: float,
     max_outstanding: int = 10_000,
     progress: Callable[[int, int], None] | None = None,
+    routes: Sequence[int] | None = None,
 ) -> LoadReport:
     """``drive`` on a uvloop event loop of its own (asyncio's loop fell behind earlier at high rates)."""
-    return uvloop.run(drive(dispatchers, tasks, time_scale, max_outstanding, progress))
+    return uvloop.run(drive(dispatchers, tasks, time_scale, max_outstanding, progress, routes=routes))

@@ -22,6 +22,7 @@ from pathlib import Path
 from lbtestbed.loadgen.openloop import poisson_tasks, read_trace
 from lbtestbed.loadgen.schedule import RateSchedule, ScheduleError, parse_schedule, scheduled_tasks
 from lbtestbed.model.spec import Experiment
+from lbtestbed.model.workload import DispatcherSplit
 
 MODES = ("open", "closed")
 LEAD_IN = 0.05  # wall seconds between the user's start and model time 0
@@ -35,6 +36,7 @@ class Plan:
     schedule: RateSchedule  # the rate multiplier over model time (open mode: already in ``tasks``)
     tasks: list[tuple[float, float]]  # (model arrival time, work)
     dispatchers: list[str]
+    routes: list[int]  # the dispatcher of each task: the spec's split (policy.split)
     users: int = 20  # closed mode: users at multiplier 1
     max_outstanding: int = 10_000
     drain: float = 120.0  # wall seconds to wait for replies after the last send
@@ -80,6 +82,12 @@ def build_plan(
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     if not dispatchers:
         raise ValueError("no dispatcher URL to send the tasks to")
+    if len(dispatchers) != exp.policy.dispatchers:
+        raise ValueError(
+            f"{exp.source}: the spec runs {exp.policy.dispatchers} dispatcher(s) (policy.dispatchers) but "
+            f"{len(dispatchers)} dispatcher URL(s) were given: start the cluster from this spec, or "
+            f"--set policy.dispatchers={len(dispatchers)}"
+        )
     if sum(x is not None for x in (schedule, duration, replay)) > 1:
         raise ValueError("give at most one of a schedule, a duration and a trace to replay")
     if replay is not None and mode == "closed":
@@ -102,7 +110,8 @@ def build_plan(
             raise ValueError(f"the duration must be a positive number of model seconds, got {horizon:g}")
         rate = RateSchedule.constant(horizon)
         tasks = list(poisson_tasks(exp, horizon))
-    return Plan(exp, mode, rate, tasks, list(dispatchers), users, max_outstanding, drain)
+    routes = DispatcherSplit(exp).take(len(tasks))
+    return Plan(exp, mode, rate, tasks, list(dispatchers), routes, users, max_outstanding, drain)
 
 
 def closed_users(plan: Plan, run_time: float) -> int | None:

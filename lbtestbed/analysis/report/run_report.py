@@ -250,10 +250,16 @@ def headline(rep: RunReport) -> str:
     return f"DISAGREES: {listed}"
 
 
+def _dispatchers(e: Experiment) -> str:
+    """How many dispatchers ran, and how the arrivals reached them (every source of the run alike)."""
+    k = e.policy.dispatchers
+    return "dispatchers=1" if k == 1 else f"dispatchers={k} (split {e.policy.split})"
+
+
 def terminal(rep: RunReport) -> str:
     e = rep.exp
     lines = [
-        f"{e.name}  policy={e.policy.name}  n={e.n}  load={e.workload.load:.4g}  "
+        f"{e.name}  policy={e.policy.name}  n={e.n}  {_dispatchers(e)}  load={e.workload.load:.4g}  "
         f"time_scale={e.run.time_scale:g}",
         "",
         table(comparison_rows(rep)),
@@ -399,7 +405,7 @@ def markdown(rep: RunReport, images: Sequence[Path]) -> str:
     e, c = rep.exp, rep.cluster
     load = c.extras.get("load", {})
     out = [
-        f"# {e.name}: {e.policy.name} on a {e.n}-node cluster",
+        f"# {e.name}: {e.policy.name} on a {e.n}-node cluster, {_dispatchers(e)}",
         "",
         f"**{headline(rep)}**",
         "",
