@@ -1055,7 +1055,7 @@ def test_markdown_opens_with_the_headline_and_the_table() -> None:
     rep = run_report()
     text = report.markdown(rep, [Path("somewhere/occupancy_tail.png"), Path("somewhere/sojourn.png")])
     lines = text.splitlines()
-    assert lines[0] == "# measure-queues: power_of_d on a 3-node cluster"
+    assert lines[0] == "# measure-queues: power_of_d on a 3-node cluster, dispatchers=1"
     assert lines[1] == ""
     assert lines[2].startswith("**DISAGREES: ") and "sojourn_p99 vs simulation" in lines[2]
     assert "mean_sojourn vs theory" not in lines[2]  # a limit prediction does not decide
