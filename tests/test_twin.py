@@ -162,3 +162,50 @@ async def test_a_replys_messages_reach_the_dispatchers_policy_when_the_reply_is_
     await answer
     assert seen == [(True, 0)]
     assert disp.received["idle_token"] == 1
+
+
+async def test_a_node_message_is_stamped_at_the_event_that_made_it() -> None:
+    """The twin sends a node's message at the model instant of its departure and delays it by a measured
+    age, so the age must run from that instant: the ``sent`` stamp of an idle token sent on its own
+    request (here behind an emulated delay of 20 ms wall) is the departure's model time placed on the
+    clock, not the later instant its request left."""
+    import asyncio
+    import time
+
+    import orjson
+
+    from lbtestbed.model.workload import Task
+    from lbtestbed.server_node.host import NodeHost
+    from lbtestbed.server_node.models import make_node
+
+    exp = parse_spec(
+        {
+            **QUEUES,
+            "policy": {"name": "jiq"},
+            "network": {"delay": {"dist": "deterministic", "mean": 2.0}},
+            "run": {**QUEUES["run"], "time_scale": 0.01},
+        }
+    )
+    host = NodeHost(exp, [0], ["http://127.0.0.1:9"], "token")
+    host.loop, host.t0 = asyncio.get_running_loop(), time.monotonic()
+    host.models[0] = make_node("fcfs", 1.0, None, 0.0)
+    posted: list[tuple[float, dict]] = []
+
+    class Dispatcher:
+        async def post(self, path: str, body: bytes, timeout: float | None = None) -> tuple[int, bytes]:
+            posted.append((time.monotonic(), orjson.loads(body)))
+            return 200, b'{"ok": true, "applied": 1}'
+
+    host.peers.pool = lambda url: Dispatcher()  # type: ignore[method-assign, assignment, return-value]
+    host.models[0].arrive(Task(1, 0.5, 0.0), 0.0)
+    due = host.models[0].next_completion()
+    await asyncio.sleep(max(0.0, host.t0 + due * exp.run.time_scale - time.monotonic()))
+    host._complete(0, due)
+    await asyncio.gather(*host.background)
+    [(left, body)] = posted
+    [message] = body["messages"]
+    assert message["kind"] == "idle_token"
+    assert message["sent"] == host.t0 + due * exp.run.time_scale
+    # the emulated 20 ms are part of its way, and of its age (stamped when the request left, as it was,
+    # this is about 0; uvloop's timers may fire up to a millisecond early)
+    assert left - message["sent"] >= 0.015

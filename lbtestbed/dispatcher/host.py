@@ -314,24 +314,27 @@ class DispatcherHost:
     # --------------------------------------------------------------------------------- messages
 
     def send(self, msgs: Sequence[Message]) -> None:
+        # a message's age runs from now, the instant it is decided: emulated delays and the loop turn
+        # before its request leaves are part of its way (the twin replays ages from the decision)
+        at = time.monotonic()
         for m in msgs:
             self.health.sent(m.node)
             copies = self.faults.copies(m.kind)
             if not copies:  # dropped on the way: sent, never received
                 self.sent[m.kind] += 1
             for extra in copies:
-                t = asyncio.ensure_future(self._post_message(m, extra))
+                t = asyncio.ensure_future(self._post_message(m, at, extra))
                 self.background.add(t)
                 t.add_done_callback(self.background.discard)
 
-    async def _post_message(self, m: Message, extra: float = 0.0) -> None:
+    async def _post_message(self, m: Message, at: float, extra: float = 0.0) -> None:
         if extra:
             await asyncio.sleep(extra * self.scale)
         await self._sleep_delay()
         self.sent[m.kind] += 1
         pool, path = self.node_peer[m.node]
         try:
-            body = orjson.dumps({"messages": [wire.message_to_json(m, time.monotonic())]})
+            body = orjson.dumps({"messages": [wire.message_to_json(m, at)]})
             status, raw = await pool.post(f"{path}/messages", body)
             if status != 200:
                 self.failures[m.kind] += 1

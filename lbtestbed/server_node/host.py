@@ -175,7 +175,7 @@ class NodeHost:
             msgs = tuple(m for m in msgs if m.dispatcher != task.origin)
         elif fut is not None and not fut.done():
             fut.set_result((t, [], time.monotonic()))
-        self._send(msgs)
+        self._send(msgs, self.t0 + t * self.scale)
 
     # --------------------------------------------------------------------------------------- messages
 
@@ -184,17 +184,22 @@ class NodeHost:
         emulated (a delay, or message faults active), which applies to messages sent on their own."""
         return self.delay is None and not self.faults.active
 
-    def _send(self, msgs: Sequence[Message]) -> None:
+    def _send(self, msgs: Sequence[Message], at: float | None = None) -> None:
+        """Send ``msgs`` on requests of their own. Their age runs from ``at`` (monotonic; default now): the
+        instant of the model event that made them, so that the timer's lateness, emulated delays and the
+        loop turn before the request leaves count in it, as the twin, which sends them at the event,
+        needs."""
+        at = time.monotonic() if at is None else at
         for m in msgs:
             copies = self.faults.copies(m.kind)
             if not copies:  # dropped on the way: sent, never received
                 self.sent[m.kind] += 1
             for extra in copies:
-                task = asyncio.ensure_future(self._post_message(m, extra))
+                task = asyncio.ensure_future(self._post_message(m, at, extra))
                 self.background.add(task)
                 task.add_done_callback(self.background.discard)
 
-    async def _post_message(self, m: Message, extra: float = 0.0) -> None:
+    async def _post_message(self, m: Message, at: float, extra: float = 0.0) -> None:
         wait = extra + (self.delay() if self.delay is not None else 0.0)
         if wait > 0:
             await asyncio.sleep(wait * self.scale)
@@ -204,7 +209,7 @@ class NodeHost:
         url = self.dispatchers[m.dispatcher]
         self.sent[m.kind] += 1
         try:
-            body = orjson.dumps({"messages": [wire.message_to_json(m, time.monotonic())]})
+            body = orjson.dumps({"messages": [wire.message_to_json(m, at)]})
             status, _ = await self.peers.pool(url).post(f"{wire.PREFIX}/messages", body, timeout=30.0)
             if status != 200:
                 self.send_failures[m.kind] += 1
@@ -251,7 +256,7 @@ class NodeHost:
         waited = model.arrive(task, t)
         self._schedule(k)
         try:
-            self._send(self.sides[k].on_arrival(model.x, origin, piggyback))
+            self._send(self.sides[k].on_arrival(model.x, origin, piggyback), self.t0 + t * self.scale)
         except (ValueError, TypeError, AssertionError) as e:  # the task is admitted and served regardless
             self.send_failures["piggyback"] += 1
             log.warning("node %d: bad piggyback %r: %s", k, piggyback, e)
