@@ -161,3 +161,29 @@ def test_two_dispatchers_make_jiq_wait_more_than_one_and_the_chain_tells_them_ap
     one, two = exact_jiq(1), exact_jiq(2)
     sim_two = summarize(jiq(2), [simulate_once(jiq(2))]).metrics["wait_probability"]
     assert two[1] - one[1] > 5 * sim_two["ci95"]
+
+
+@pytest.mark.parametrize("policy", ["random", "power_of_d", "jiq"])
+def test_theory_that_k_does_not_change_stays_and_says_so(policy: str) -> None:
+    """random and power_of_d predict the same with any K; JIQ's limit stands with equal dispatcher
+    loads, and its notes add that assumption and cite van der Boor et al. 2017 (docs/theory.md)."""
+    from lbtestbed.analysis.theory.predict import predict
+
+    one = predict(jiq(1, **({"name": policy} if policy != "jiq" else {})))
+    four = predict(jiq(4, **({"name": policy} if policy != "jiq" else {})))
+    for metric in ("mean_sojourn", "mean_tasks_per_node", "wait_probability"):
+        assert four.metrics[metric]["value"] == one.metrics[metric]["value"] is not None
+    notes = [n for n in four.extras["notes"] if n["metric"] == "mean_sojourn"]
+    cited = any("1706.01059" in n["source"] and "4 dispatchers" in str(n["assumes"]) for n in notes)
+    assert cited == (policy == "jiq")
+
+
+@pytest.mark.parametrize("policy", ["round_robin", "least_request", "jsq"])
+def test_a_policy_on_local_views_has_no_theory_with_several_dispatchers(policy: str) -> None:
+    from lbtestbed.analysis.theory.predict import predict
+
+    assert predict(jiq(1, name=policy)).metrics["mean_sojourn"]["value"] is not None
+    result = predict(jiq(2, name=policy))
+    assert result.metrics["mean_sojourn"]["value"] is None
+    reasons = [n for n in result.extras["notes"] if n["metric"] == "mean_sojourn"]
+    assert reasons and "2 dispatchers, each deciding on its own view" in str(reasons)

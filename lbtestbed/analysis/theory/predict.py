@@ -47,6 +47,20 @@ HJSQ_PAPER = 'the heterogeneous-JSQ paper ("Load Balancing with Individually Het
 THEORY = "docs/theory.md"
 
 
+#: policies whose dispatchers, when there are several, each decide on their own partial view of the nodes
+LOCAL_VIEW = ("round_robin", "least_request", "jsq", "jlmu")
+MULTI_JIQ_PAPER = "van der Boor, Borst and van Leeuwaarden 2017 (arXiv 1706.01059)"
+
+
+def _local_view(exp: Experiment) -> str:
+    """Why a policy has no theory with several dispatchers."""
+    return (
+        f"{exp.policy.dispatchers} dispatchers, each deciding on its own view (its own tasks, its own "
+        f"turn or counts: docs/spec.md, dispatchers and split): no result in the papers covers "
+        f"{exp.policy.name} so split"
+    )
+
+
 def _doc(heading: str) -> str:
     """A citation of a section of docs/theory.md."""
     return f'{THEORY}, "{heading}"'
@@ -184,6 +198,8 @@ def predict(exp: Experiment) -> Result:
         policy = exp.policy.name
         if len(discs) > 1:
             p.null_many(QUEUE_METRICS, "mixed fcfs and ps nodes: every formula here assumes one discipline")
+        elif policy in LOCAL_VIEW and exp.policy.dispatchers > 1:
+            p.null_many(QUEUE_METRICS, _local_view(exp))
         elif policy == "random":
             _static(exp, p, per_node=lambda s: _node_formula(exp, exp.workload.arrival_rate / exp.n, s))
         elif policy == "round_robin":
@@ -307,6 +323,8 @@ def _pools(exp: Experiment, p: Prediction) -> None:
         )
         for c in exp.classes:
             p.tail(c.name, queues.poisson_tail(rho), "Poisson(rho) per pool", _doc("`random` on pools"))
+    elif policy == "jlmu" and exp.policy.dispatchers > 1:
+        p.null("utility", f"{_local_view(exp)}; the bounds above still hold")
     elif policy in ("jlmu", "slta"):
         limit = ["n -> infinity (Theorem 2)", "exponential work"]
         if policy == "slta":
@@ -523,6 +541,12 @@ def _join_idle(exp: Experiment, p: Prediction) -> None:
         limit = ["n -> infinity at fixed load < 1 (queueing vanishes)"]
         if name == "jiq":
             limit += ["exponential work, or load < 1/2 for general work (Foss-Stolyar)"]
+            if exp.policy.dispatchers > 1:
+                src = f"{MULTI_JIQ_PAPER}, abstract and introduction (equal loads); {src}"
+                limit += [
+                    f"{exp.policy.dispatchers} dispatchers with equal shares of the load, K fixed as n grows"
+                    + ("" if exp.policy.split == "random" else "; proved for Poisson arrivals at each")
+                ]
         p.set("mean_sojourn", work.mean / speed, "E[S]: every task finds an idle node", src, limit)
         p.set("mean_tasks_per_node", rho, "rho: one task per busy node", src, limit)
         p.set("tasks_in_system", exp.n * rho, "n rho", src, limit)
