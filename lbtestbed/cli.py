@@ -450,13 +450,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     except _run_errors() as e:
         print(f"lbt: error: {e}", file=sys.stderr)
         return EXIT_FAILED
-    write(directory, args.spec, points)
+    files = write(directory, args.spec, points)
     if args.json:
         json.dump({"spec": args.spec, "points": [p.to_json() for p in points]}, sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
         print(table(rows(points)))
-        print(f"sweep: {directory / 'sweep.md'} (sweep.json and tradeoff.png beside it)")
+        beside = ", ".join(f.name for f in files if f.name != "sweep.md")
+        print(f"sweep: {directory / 'sweep.md'} ({beside} beside it)")
     return EXIT_OK if all(p.agrees is not False for p in points) else EXIT_FAILED
 
 
@@ -714,9 +715,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a grid of experiments (policies x loads x ...) and plot messages against performance",
         description="Every combination of the --set values (comma-separated: --set policy.name=jiq,"
         "power_of_d --set workload.load=0.5,0.9) runs as an `lbt run` on a cluster, or as a simulation with "
-        "--simulate-only. Writes sweep.json, sweep.md and tradeoff.png (messages per task against mean "
-        "sojourn, or utility for pools) and prints the combined table. Exit code 0 when every cluster run "
-        "agrees, 1 otherwise, 2 on bad input.",
+        "--simulate-only. Writes sweep.json, sweep.md, tradeoff.png (messages per task against mean "
+        "sojourn, or utility for pools) and, for each numeric setting swept (policy.dispatchers, a load), "
+        "a plot of mean sojourn against it, and prints the combined table. Exit code 0 when every "
+        "cluster run agrees, 1 otherwise, 2 on bad input.",
     )
     swp.add_argument("spec", help="experiment spec (TOML), see docs/spec.md")
     swp.add_argument(

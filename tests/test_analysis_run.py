@@ -962,7 +962,13 @@ def test_simulate_only_sweep_end_to_end(
     assert_png(out / "tradeoff.png")
     (ax,) = spy.figures["tradeoff.png"]
     assert ax["xlabel"] and ax["ylabel"] == "utility per node" and sorted(ax["legend"]) == ["jlmu", "slta"]
-    assert str(out / "sweep.md") in stdout
+    # the numeric setting swept gets its own plot, a line per policy; the policy name does not
+    assert_png(out / "against_workload_load.png")
+    (ax,) = spy.figures["against_workload_load.png"]
+    assert ax["xlabel"] == "workload.load" and sorted(ax["legend"]) == ["jlmu", "slta"]
+    assert "against_policy_name.png" not in spy.figures
+    assert "![against_workload_load](against_workload_load.png)" in md
+    assert str(out / "sweep.md") in stdout and "against_workload_load.png" in stdout
 
 
 # ===================================================================================== report, plots

@@ -185,6 +185,12 @@ def write(directory: Path, spec: str, points: Sequence[Point]) -> list[Path]:
         policy_key="policy.name",
         label=_label,
     )
+    settings = [(p.settings, p.result) for p in points]
+    curves = [
+        c
+        for k in points[0].settings
+        if k != "policy.name" and (c := plots.against(directory, settings, k, "policy.name"))
+    ]
     doc = {"spec": spec, "points": [p.to_json() for p in points]}
     (directory / "sweep.json").write_text(json.dumps(doc, indent=1) + "\n")
     md = [
@@ -195,6 +201,7 @@ def write(directory: Path, spec: str, points: Sequence[Point]) -> list[Path]:
         "Values are means with the half-width of their 95% interval; time in model seconds.",
         "",
         f"![trade-off]({plot.name})",
+        *(f"![{c.stem}]({c.name})" for c in curves),
     ]
     if any(p.directory for p in points):
         md += [
@@ -204,4 +211,4 @@ def write(directory: Path, spec: str, points: Sequence[Point]) -> list[Path]:
             *(f"- [{Path(p.directory).name}]({Path(p.directory).name}/report.md)" for p in points),
         ]
     (directory / "sweep.md").write_text("\n".join(md) + "\n")
-    return [directory / "sweep.json", directory / "sweep.md", plot]
+    return [directory / "sweep.json", directory / "sweep.md", plot, *curves]

@@ -250,6 +250,42 @@ def tradeoff(
     return _save(fig, directory / "tradeoff.png")
 
 
+def against(
+    directory: Path,
+    points: Sequence[tuple[dict[str, str], Result]],
+    key: str,
+    policy_key: str,
+) -> Path | None:
+    """Mean sojourn (utility for pools) against the numeric setting ``key`` (the number of dispatchers, a
+    load), one line per policy, with 95% intervals; None when ``key``'s values are not all numbers."""
+    try:
+        xs_all = [float(s[key]) for s, _ in points]
+    except (KeyError, ValueError):
+        return None
+    plt = _pyplot()
+    pools = all(r.metrics["utility"].get("value") is not None for _, r in points)
+    y_key = "utility" if pools else "mean_sojourn"
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    groups: dict[str, list[tuple[float, Result]]] = {}
+    for (settings, result), x in zip(points, xs_all, strict=True):
+        groups.setdefault(settings.get(policy_key, result.policy), []).append((x, result))
+    for policy, members in groups.items():
+        shown = sorted((x, r) for x, r in members if r.metrics[y_key]["value"] is not None)
+        if shown:
+            ys = [r.metrics[y_key]["value"] for _, r in shown]
+            ye = [r.metrics[y_key].get("ci95") or 0.0 for _, r in shown]
+            ax.errorbar([x for x, _ in shown], ys, yerr=ye, marker="o", capsize=2, label=policy)
+    if key == "policy.dispatchers":
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(set(xs_all)), [f"{x:g}" for x in sorted(set(xs_all))])
+    ax.set_xlabel(key)
+    ax.set_ylabel("utility per node" if pools else "mean sojourn (model s)")
+    ax.set_title(f"{y_key.replace('_', ' ')} against {key} ({points[0][1].source})")
+    ax.grid(True, alpha=0.3)
+    ax.legend(title="policy")
+    return _save(fig, directory / f"against_{key.replace('.', '_')}.png")
+
+
 def fault_timeline(
     directory: Path,
     end: float,
