@@ -82,6 +82,8 @@ CASES = {
     "slta": (POOLS, 'name = "slta"\nbeta_scale = 1.0', "utility", 80.0, 0.5),
     "jiq": (QUEUES, 'name = "jiq"', "mean_sojourn", 100.0, 0.3),
     "power_of_d": (QUEUES, 'name = "power_of_d"\nd = 2', "mean_sojourn", 100.0, 0.3),
+    # two dispatchers, each on the departures of its own tasks (docs/spec.md, dispatchers and split)
+    "jsq_two_dispatchers": (QUEUES, 'name = "jsq"\ndispatchers = 2', "mean_sojourn", 100.0, 0.3),
 }
 
 
@@ -165,6 +167,16 @@ def test_cluster_agrees_with_its_twin(policy: str, runs: dict[str, tuple[int, di
     # every task came back, and the load generator kept its schedule well enough to count
     load = doc["results"]["cluster"]["load"]
     assert load["completed"] == load["scheduled"], load
+
+
+def test_two_dispatchers_ran_on_both_sides_of_the_comparison(
+    runs: dict[str, tuple[int, dict[str, Any], Path]],
+) -> None:
+    """The K = 2 run started two dispatchers, and every result it compares says it ran two."""
+    _, doc, _ = runs["jsq_two_dispatchers"]
+    assert len(doc["results"]["cluster"]["endpoints"]["dispatchers"]) == 2
+    for source in ("cluster", "twin", "simulation"):
+        assert doc["results"][source]["settings"]["dispatchers"] == 2, source
 
 
 def test_power_of_d_sends_exactly_2d_messages(runs: dict[str, tuple[int, dict[str, Any], Path]]) -> None:

@@ -176,6 +176,8 @@ def summarize(exp: Experiment, raws: Sequence[RawRun], source: str = "simulation
             "warmup": exp.run.warmup,
             "duration": exp.run.duration,
             "batches": exp.run.batches,
+            "dispatchers": exp.policy.dispatchers,
+            "split": exp.policy.split,
             "replications": len(raws),
             "ci_method": "batch means" if len(raws) == 1 else "independent replications",
         },
