@@ -8,9 +8,10 @@ answer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import socket
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from types import TracebackType
 
 import pytest
@@ -19,6 +20,19 @@ from aiohttp import web
 from lbtestbed.transport.http import HttpError, HttpPool, Observer, Peers
 
 # ============================================================================================ the servers
+
+
+@contextlib.asynccontextmanager
+async def pool_to(
+    url: str, headers: dict[str, str] | None = None, observer: Observer | None = None
+) -> AsyncIterator[HttpPool]:
+    """An ``HttpPool`` to ``url`` that is closed when the block ends, however it ends."""
+    pool = HttpPool(url, headers, observer)
+    try:
+        yield pool
+    finally:
+        pool.close()
+
 
 #: a bound on requests to the raw servers, so that a client that never notices a failure fails the test
 #: (with TimeoutError) instead of hanging it
@@ -200,24 +214,17 @@ async def eventually(condition: Callable[[], bool]) -> None:
 @pytest.mark.parametrize("status", [200, 201, 404, 500, 503])
 async def test_a_post_gets_its_status_and_body_back(status: int) -> None:
     """The status and body the server answered come back exactly, whatever the status."""
-    async with WebServer() as server:
-        pool = HttpPool(server.url)
-        try:
-            assert await pool.post("/echo", b'{"work": 1.5}') == (200, b'echo:{"work": 1.5}')
-            assert await pool.post(f"/status/{status}", b"{}") == (status, b'{"code": %d}' % status)
-        finally:
-            pool.close()
+    async with WebServer() as server, pool_to(server.url) as pool:
+        assert await pool.post("/echo", b'{"work": 1.5}') == (200, b'echo:{"work": 1.5}')
+        assert await pool.post(f"/status/{status}", b"{}") == (status, b'{"code": %d}' % status)
 
 
 async def test_the_request_reaches_the_server_as_sent() -> None:
     """Path, query, body, Host, Content-Type, Content-Length and the pool's headers all reach the server."""
-    async with WebServer() as server:
-        pool = HttpPool(f"{server.url}/v1/nodes/3", {"Authorization": "Bearer T0K3N", "X-Trace": "a b"})
-        try:
-            await pool.post("/echo?since=4", b'{"id": 7}')
-            await pool.post("/echo", b"")
-        finally:
-            pool.close()
+    fixed = {"Authorization": "Bearer T0K3N", "X-Trace": "a b"}
+    async with WebServer() as server, pool_to(f"{server.url}/v1/nodes/3", fixed) as pool:
+        await pool.post("/echo?since=4", b'{"id": 7}')
+        await pool.post("/echo", b"")
     (path, headers, body), (path2, headers2, body2) = server.seen
     assert (path, body, path2, body2) == ("/echo?since=4", b'{"id": 7}', "/echo", b"")
     assert headers["Host"] == server.url.removeprefix("http://")
@@ -230,53 +237,37 @@ async def test_the_request_reaches_the_server_as_sent() -> None:
 async def test_a_large_body_comes_back_whole() -> None:
     """A 200 kB request body reaches the server and a 200 kB answer comes back byte for byte."""
     big = bytes(range(256)) * 800
-    async with WebServer() as server:
-        pool = HttpPool(server.url)
-        try:
-            assert await pool.post("/echo", big) == (200, b"echo:" + big)
-        finally:
-            pool.close()
+    async with WebServer() as server, pool_to(server.url) as pool:
+        assert await pool.post("/echo", big) == (200, b"echo:" + big)
     assert server.seen[0][2] == big
 
 
 async def test_a_response_split_across_writes_is_put_together() -> None:
     """A response that arrives in pieces, cut inside the head, its blank line and the body, is read whole."""
     pieces = [b"HTTP/1.1 2", b"00 OK\r\nContent-Le", b"ngth: 11\r\n\r", b"\nhello", b" wor", b"ld"]
-    async with RawServer(scripted(pieces, [response(b"next")])) as server:
-        pool = HttpPool(server.url)
-        try:
-            assert await pool.post("/", b"{}", timeout=PATIENCE) == (200, b"hello world")
-            assert await pool.post("/", b"{}", timeout=PATIENCE) == (200, b"next")
-        finally:
-            pool.close()
+    async with RawServer(scripted(pieces, [response(b"next")])) as server, pool_to(server.url) as pool:
+        assert await pool.post("/", b"{}", timeout=PATIENCE) == (200, b"hello world")
+        assert await pool.post("/", b"{}", timeout=PATIENCE) == (200, b"next")
     assert server.connections == 1
 
 
 async def test_sequential_requests_reuse_one_connection() -> None:
     """Requests one after another all go over the one kept-alive connection."""
-    async with WebServer() as server:
-        pool = HttpPool(server.url)
-        try:
-            for i in range(10):
-                assert await pool.post("/echo", b"%d" % i) == (200, b"echo:%d" % i)
-        finally:
-            pool.close()
+    async with WebServer() as server, pool_to(server.url) as pool:
+        for i in range(10):
+            assert await pool.post("/echo", b"%d" % i) == (200, b"echo:%d" % i)
     assert server.connections == 1
 
 
 async def test_overlapping_requests_each_get_their_own_answer_on_their_own_connection() -> None:
     """Five requests at once open five connections, each gets its own answer, and a next five reuse them."""
-    async with WebServer(together=5) as server:
-        pool = HttpPool(server.url)
-        try:
-            bodies = [b'{"i": %d}' % i for i in range(5)]
-            answers = await asyncio.gather(*(pool.post("/together", b) for b in bodies))
-            assert answers == [(200, b"echo:" + b) for b in bodies]
-            assert server.connections == 5
-            answers = await asyncio.gather(*(pool.post("/together", b) for b in reversed(bodies)))
-            assert answers == [(200, b"echo:" + b) for b in reversed(bodies)]
-        finally:
-            pool.close()
+    async with WebServer(together=5) as server, pool_to(server.url) as pool:
+        bodies = [b'{"i": %d}' % i for i in range(5)]
+        answers = await asyncio.gather(*(pool.post("/together", b) for b in bodies))
+        assert answers == [(200, b"echo:" + b) for b in bodies]
+        assert server.connections == 5
+        answers = await asyncio.gather(*(pool.post("/together", b) for b in reversed(bodies)))
+        assert answers == [(200, b"echo:" + b) for b in reversed(bodies)]
     assert server.connections == 5
 
 
@@ -301,15 +292,11 @@ async def test_a_misbehaving_answer_fails_the_request_and_the_pool_goes_on(
     script: list[bytes | None],
 ) -> None:
     """A bad answer raises HttpError (an OSError), and the next request works on a new connection."""
-    async with RawServer(scripted(script, [response(b"fine")])) as server:
-        pool = HttpPool(server.url)
-        try:
-            with pytest.raises(HttpError) as caught:
-                await pool.post("/", b"{}", timeout=PATIENCE)
-            assert isinstance(caught.value, OSError)
-            assert await pool.post("/", b"{}", timeout=PATIENCE) == (200, b"fine")
-        finally:
-            pool.close()
+    async with RawServer(scripted(script, [response(b"fine")])) as server, pool_to(server.url) as pool:
+        with pytest.raises(HttpError) as caught:
+            await pool.post("/", b"{}", timeout=PATIENCE)
+        assert isinstance(caught.value, OSError)
+        assert await pool.post("/", b"{}", timeout=PATIENCE) == (200, b"fine")
     assert server.connections == 2
     assert [conn for conn, _ in server.requests] == [0, 1]
 
@@ -317,45 +304,33 @@ async def test_a_misbehaving_answer_fails_the_request_and_the_pool_goes_on(
 async def test_a_negative_content_length_fails_the_request() -> None:
     """A head with a negative Content-Length is malformed and fails, rather than answering an empty body."""
     bad = b"HTTP/1.1 200 OK\r\nContent-Length: -3\r\n\r\n"
-    async with RawServer(scripted([bad], [response(b"fine")])) as server:
-        pool = HttpPool(server.url)
-        try:
-            with pytest.raises(HttpError):
-                await pool.post("/", b"{}", timeout=PATIENCE)
-            assert await pool.post("/", b"{}", timeout=PATIENCE) == (200, b"fine")
-        finally:
-            pool.close()
+    async with RawServer(scripted([bad], [response(b"fine")])) as server, pool_to(server.url) as pool:
+        with pytest.raises(HttpError):
+            await pool.post("/", b"{}", timeout=PATIENCE)
+        assert await pool.post("/", b"{}", timeout=PATIENCE) == (200, b"fine")
 
 
 async def test_an_unasked_for_extra_response_is_not_taken_as_the_next_answer() -> None:
     """Bytes after a response (here a whole second one) never become the answer to the next request."""
     first = response(b'"first"') + response(b'"stale"')
-    async with RawServer(scripted([first], [response(b'"second"')])) as server:
-        pool = HttpPool(server.url)
+    async with RawServer(scripted([first], [response(b'"second"')])) as server, pool_to(server.url) as pool:
+        assert await pool.post("/", b"{}", timeout=PATIENCE) == (200, b'"first"')
         try:
-            assert await pool.post("/", b"{}", timeout=PATIENCE) == (200, b'"first"')
-            try:
-                answer = await pool.post("/", b"{}", timeout=PATIENCE)
-            except HttpError:
-                pass  # failing is allowed
-            else:
-                assert answer == (200, b'"second"')
-        finally:
-            pool.close()
+            answer = await pool.post("/", b"{}", timeout=PATIENCE)
+        except HttpError:
+            pass  # failing is allowed
+        else:
+            assert answer == (200, b'"second"')
 
 
 async def test_connection_close_from_the_server_is_not_reused() -> None:
     """After `Connection: close` the client closes that connection and sends the next request on a new one."""
     # the server keeps the connection open and would answer there, so only the client's care shows
     script = scripted([response(b"one", extra=b"Connection: close\r\n")], [response(b"two")])
-    async with RawServer(script) as server:
-        pool = HttpPool(server.url)
-        try:
-            assert await pool.post("/", b"{}", timeout=PATIENCE) == (200, b"one")
-            await eventually(lambda: server.eofs == 1)
-            assert await pool.post("/", b"{}", timeout=PATIENCE) == (200, b"two")
-        finally:
-            pool.close()
+    async with RawServer(script) as server, pool_to(server.url) as pool:
+        assert await pool.post("/", b"{}", timeout=PATIENCE) == (200, b"one")
+        await eventually(lambda: server.eofs == 1)
+        assert await pool.post("/", b"{}", timeout=PATIENCE) == (200, b"two")
     assert server.connections == 2
     assert [conn for conn, _ in server.requests] == [0, 1]
 
@@ -368,29 +343,22 @@ async def test_a_connection_the_server_closed_while_idle_is_not_used() -> None:
         await writer.drain()
         return False  # and close: no Connection: close header, as a server's idle timeout does
 
-    async with RawServer(respond) as server:
-        pool = HttpPool(server.url)
-        try:
-            assert await pool.post("/", b"{}", timeout=PATIENCE) == (200, b"0")
-            await eventually(lambda: server.closed == 1)
-            await asyncio.sleep(0.05)  # for the client's side of the loop to read the end of the connection
-            assert await pool.post("/", b"{}", timeout=PATIENCE) == (200, b"1")
-        finally:
-            pool.close()
+    async with RawServer(respond) as server, pool_to(server.url) as pool:
+        assert await pool.post("/", b"{}", timeout=PATIENCE) == (200, b"0")
+        await eventually(lambda: server.closed == 1)
+        await asyncio.sleep(0.05)  # for the client's side of the loop to read the end of the connection
+        assert await pool.post("/", b"{}", timeout=PATIENCE) == (200, b"1")
     assert server.connections == 2
 
 
 async def test_a_timeout_raises_timeout_error_and_drops_the_connection() -> None:
     """No answer in time raises TimeoutError; the client closes that connection and opens another."""
-    async with RawServer(scripted([], [response(b"fine")])) as server:  # the first is never answered
-        pool = HttpPool(server.url)
-        try:
-            with pytest.raises(TimeoutError):
-                await pool.post("/", b"{}", timeout=0.2)
-            await eventually(lambda: server.eofs == 1)
-            assert await pool.post("/", b"{}", timeout=PATIENCE) == (200, b"fine")
-        finally:
-            pool.close()
+    never_then_fine = scripted([], [response(b"fine")])  # the first is never answered
+    async with RawServer(never_then_fine) as server, pool_to(server.url) as pool:
+        with pytest.raises(TimeoutError):
+            await pool.post("/", b"{}", timeout=0.2)
+        await eventually(lambda: server.eofs == 1)
+        assert await pool.post("/", b"{}", timeout=PATIENCE) == (200, b"fine")
     assert server.connections == 2
     assert [conn for conn, _ in server.requests] == [0, 1]
 
@@ -428,17 +396,13 @@ async def test_an_observer_sees_every_request_start_and_end_once() -> None:
     )
     seen = Recorder()
     observer: Observer = seen
-    async with RawServer(script) as server:
-        pool = HttpPool(server.url, observer=observer)
-        try:
-            assert await pool.post("/", b"{}", timeout=PATIENCE) == (200, b"a")
-            assert await pool.post("/", b"{}", timeout=PATIENCE) == (404, b"b")
-            with pytest.raises(HttpError):
-                await pool.post("/", b"{}", timeout=PATIENCE)
-            with pytest.raises(TimeoutError):
-                await pool.post("/", b"{}", timeout=0.2)
-        finally:
-            pool.close()
+    async with RawServer(script) as server, pool_to(server.url, observer=observer) as pool:
+        assert await pool.post("/", b"{}", timeout=PATIENCE) == (200, b"a")
+        assert await pool.post("/", b"{}", timeout=PATIENCE) == (404, b"b")
+        with pytest.raises(HttpError):
+            await pool.post("/", b"{}", timeout=PATIENCE)
+        with pytest.raises(TimeoutError):
+            await pool.post("/", b"{}", timeout=0.2)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         nowhere = HttpPool(f"http://127.0.0.1:{taken.getsockname()[1]}", observer=observer)
