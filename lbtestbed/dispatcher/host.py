@@ -246,7 +246,6 @@ class DispatcherHost:
     ) -> tuple[int, dict[str, Any], float, float]:
         """Forward the task and take in what its reply says (``_settle``); (status, reply, monotonic
         instant it left, instant its reply was read). ``generation``: the node's when it was chosen."""
-        forwarded = time.monotonic()
         try:
             if self.delay_tasks:
                 await self._sleep_delay()
@@ -264,9 +263,7 @@ class DispatcherHost:
             if self.delay_tasks:
                 await self._sleep_delay()  # the completion's way back, as in the simulator
         except asyncio.CancelledError:  # the dispatcher is stopping: the task's count ends with it
-            self.in_flight -= 1
-            if generation == self.health.generation[route.node]:
-                self.policy.on_task_done(route.node)
+            self._release(route, generation)
             raise
         answered = time.monotonic()
         self._settle(route, generation, status, reply, answered)
@@ -277,16 +274,22 @@ class DispatcherHost:
     ) -> None:
         """The task's reply, read at ``answered``, reaches the policy at once: the decisions that follow
         see its messages, as the twin's do (docs/run.md, "The twin"), and never a loop turn later."""
-        self.in_flight -= 1
         if status == 200:
             self._apply_riders(reply.pop("messages", None), answered)
-        # after a fresh up the policy counts the node from its report: earlier tasks are not its own
-        if generation == self.health.generation[route.node]:
-            self.policy.on_task_done(route.node)
-            if status != 200:
-                self.policy.on_task_failed(route.node)
+        if self._release(route, generation) and status != 200:
+            self.policy.on_task_failed(route.node)
         if status == 0:
             self.health.unreachable(route.node, f"forward failed: {reply.get('error', '')}")
+
+    def _release(self, route: Route, generation: int) -> bool:
+        """The task is no longer in flight: the policy counts it done, unless the node came back fresh
+        since it was chosen (the policy then counts the node from its report: earlier tasks are not its
+        own). Whether it was still the policy's to count."""
+        self.in_flight -= 1
+        ours = generation == self.health.generation[route.node]
+        if ours:
+            self.policy.on_task_done(route.node)
+        return ours
 
     def _legs(
         self, reply: dict[str, Any], accepted: float, decided: float, forwarded: float, answered: float
