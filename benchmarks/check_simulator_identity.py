@@ -40,7 +40,9 @@ ROOT = Path(__file__).resolve().parent.parent
 #: the files whose old versions make the reference (the simulator and what its hot path calls)
 SIMULATOR_FILES = (
     "lbtestbed/analysis/simulator/engine.py",
-    # every policy module (base.py only declares the interface): both halves run in the simulator
+    # every policy module, the registry and the interface: both halves run in the simulator
+    "lbtestbed/policies/__init__.py",
+    "lbtestbed/policies/base.py",
     "lbtestbed/policies/sampling.py",
     "lbtestbed/policies/jsq.py",
     "lbtestbed/policies/jlmu.py",
@@ -52,6 +54,7 @@ SIMULATOR_FILES = (
     "lbtestbed/policies/ranking.py",
     "lbtestbed/server_node/models.py",
     "lbtestbed/model/workload.py",
+    "lbtestbed/model/spec.py",  # the message kinds a configuration counts, its random streams
     "lbtestbed/model/distributions.py",
 )
 

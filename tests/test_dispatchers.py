@@ -14,8 +14,11 @@ below 1e-6. Two nodes keep the chain small enough for a direct sparse solve (4,0
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
+import random
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -28,6 +31,10 @@ from lbtestbed.analysis.simulator import simulate_once
 from lbtestbed.analysis.simulator.engine import Simulator
 from lbtestbed.model.spec import Experiment, parse_spec
 from lbtestbed.model.workload import DispatcherSplit
+from lbtestbed.policies import DispatcherSide, Message, make_dispatcher, make_node_sides
+from lbtestbed.policies.jiq import IdleTokenSender, JIQDispatcher
+from lbtestbed.policies.jsq import CountingDispatcher
+from lbtestbed.policies.slta import SLTADispatcher
 
 N, LOAD, Q = 2, 0.5, 20  # nodes, load per node, truncation (tasks per node)
 
@@ -45,8 +52,9 @@ def jiq(dispatchers: int, **extra: object) -> Experiment:
     )
 
 
-def exact_jiq(dispatchers: int, Q: int = Q) -> tuple[float, float, float]:
-    """(mean tasks per node, P(an arrival finds its node busy), stationary mass with some node at Q)."""
+def exact_jiq(dispatchers: int, Q: int = Q, sq: bool = False) -> tuple[float, float, float]:
+    """(mean tasks per node, P(an arrival finds its node busy), stationary mass with some node at Q).
+    ``sq``: JIQ-SQ(K), the idle node's token to the dispatcher holding the fewest tokens (ties uniform)."""
     K, lam = dispatchers, LOAD * N
     queues = list(itertools.product(range(Q + 1), repeat=N))
     tokens = list(itertools.product((0, 1), repeat=N * K))  # t[k * K + d]: d holds a token of node k
@@ -79,10 +87,13 @@ def exact_jiq(dispatchers: int, Q: int = Q) -> tuple[float, float, float]:
                 continue
             nq = tuple(x - (j == k) for j, x in enumerate(q))
             if nq[k] == 0:
-                for d in range(K):  # its token to a uniformly random dispatcher
+                held = [sum(t[j * K + d] for j in range(N)) for d in range(K)]
+                # its token to a uniformly random dispatcher, or to one of those holding the fewest
+                to = [d for d in range(K) if not sq or held[d] == min(held)]
+                for d in to:
                     nt = list(t)
                     nt[k * K + d] = 1
-                    go(i, nq, tuple(nt), 1.0 / K)
+                    go(i, nq, tuple(nt), 1.0 / len(to))
             else:
                 go(i, nq, t, 1.0)
     m = len(states)
@@ -154,6 +165,36 @@ def test_jiq_with_k_dispatchers_matches_its_exact_markov_chain(dispatchers: int)
         assert abs(est["value"] - exact) <= widen * est["ci95"], (metric, est, exact)
 
 
+def test_jiq_sq_with_two_dispatchers_matches_its_exact_markov_chain() -> None:
+    """JIQ-SQ(2) with two dispatchers: the idle node probes both and joins the one holding fewer tokens.
+    The simulator against the chain (as above), and the chain tells it apart from JIQ-Random by far more
+    than the simulation's interval."""
+    exp = jiq(2, d=2)
+    mean_exact, wait_exact, edge = exact_jiq(2, sq=True)
+    coarser = exact_jiq(2, Q - 4, sq=True)
+    assert edge < 1e-6 and max(abs(mean_exact - coarser[0]), abs(wait_exact - coarser[1])) < 1e-5
+    raw = simulate_once(exp)
+    result = summarize(exp, [raw])
+    widen = stats.t.ppf(0.9995, 19) / stats.t.ppf(0.975, 19)
+    for metric, exact in (("mean_tasks_per_node", mean_exact), ("wait_probability", wait_exact)):
+        est = result.metrics[metric]
+        assert abs(est["value"] - exact) <= widen * est["ci95"], (metric, est, exact)
+    # the same tasks under JIQ-Random, batch by batch: the difference is the chain's, and not zero
+    rnd = simulate_once(jiq(2))
+    gap = [
+        rw / ra - sw / sa
+        for rw, ra, sw, sa in zip(
+            *rnd.ratios["wait_probability"], *raw.ratios["wait_probability"], strict=True
+        )
+    ]
+    half = stats.t.ppf(0.9995, len(gap) - 1) * stats.sem(gap)
+    assert abs(np.mean(gap) - (exact_jiq(2)[1] - wait_exact)) <= half and np.mean(gap) > half
+    # every idle period costs 2 probes, 2 answers and 1 token
+    by_kind = result.metrics["messages_per_task"]["by_kind"]
+    for kind in ("token_probe", "token_count"):
+        assert by_kind[kind] == pytest.approx(2 * by_kind["idle_token"], rel=1e-3)
+
+
 def test_two_dispatchers_make_jiq_wait_more_than_one_and_the_chain_tells_them_apart() -> None:
     """The multi-dispatcher effect the test above must see: with K = 2 arrivals wait noticeably more
     often (a token may sit at the other dispatcher) than with K = 1, by many times the simulation's
@@ -187,3 +228,199 @@ def test_a_policy_on_local_views_has_no_theory_with_several_dispatchers(policy: 
     assert result.metrics["mean_sojourn"]["value"] is None
     reasons = [n for n in result.extras["notes"] if n["metric"] == "mean_sojourn"]
     assert reasons and "2 dispatchers, each deciding on its own view" in str(reasons)
+
+
+# ============================================================ every policy's K-dispatcher rule (docs/spec.md)
+
+
+def pools(name: str, dispatchers: int, view: str = "local", **extra: object) -> Experiment:
+    """Twelve pools of two classes (the demo's utilities) at 3 tasks per pool."""
+    policy: dict[str, object] = {"name": name, "dispatchers": dispatchers, "view": view, **extra}
+    if name == "slta":
+        policy["beta_scale"] = 1.0
+    return parse_spec(
+        {
+            "name": "pools-k",
+            "seed": 5,
+            "classes": [
+                {"name": "small", "count": 6, "discipline": "pool", "utility": {"kind": "xlog", "r": 6}},
+                {"name": "large", "count": 6, "discipline": "pool", "utility": {"kind": "xlog", "r": 9}},
+            ],
+            "workload": {"load": 3.0, "service": {"dist": "exponential", "mean": 1.0}},
+            "policy": policy,
+            "run": {"warmup": 20.0, "duration": 200.0, "batches": 10},
+        }
+    )
+
+
+def queues(name: str, dispatchers: int, view: str | None = None) -> Experiment:
+    return parse_spec(
+        {
+            "name": "queues-k",
+            "seed": 6,
+            "classes": [{"name": "s", "count": 8, "discipline": "fcfs"}],
+            "workload": {"load": 0.8, "service": {"dist": "exponential", "mean": 1.0}},
+            "policy": {"name": name, "dispatchers": dispatchers, **({"view": view} if view else {})},
+            "run": {"warmup": 20.0, "duration": 400.0, "batches": 10},
+        }
+    )
+
+
+def picture(side: DispatcherSide, k: int) -> int:
+    """The tasks a dispatcher side sees at node k."""
+    if isinstance(side, SLTADispatcher):
+        return side.xhat[k]
+    assert isinstance(side, CountingDispatcher)
+    return side._levels(k).level[k]
+
+
+def watch(sim: Simulator, check: Callable[[int], None]) -> list[int]:
+    """Call ``check(d)`` just before every decision of dispatcher d; the number of checks per dispatcher."""
+    calls = [0] * len(sim.dispatchers)
+    for d, side in enumerate(sim.dispatchers):
+
+        def checked(d: int = d, dispatch: Callable[[], object] = side.dispatch) -> object:
+            check(d)
+            calls[d] += 1
+            return dispatch()
+
+        side.dispatch = checked  # type: ignore[method-assign]
+    return calls
+
+
+@pytest.mark.parametrize(
+    "exp", [queues("jsq", 3, "full"), pools("jlmu", 3, "full"), pools("slta", 3, "full")]
+)
+def test_a_full_view_shows_every_dispatcher_the_true_state_at_every_decision(exp: Experiment) -> None:
+    """With exact delivery every dispatcher of a full view sees every node's true task count when it
+    decides, and SLTA's dispatchers hold one r: K dispatchers decide as one would."""
+    sim = Simulator(exp)
+
+    def check(d: int) -> None:
+        side = sim.dispatchers[d]
+        assert [picture(side, k) for k in range(exp.n)] == [node.x for node in sim.nodes]
+        if isinstance(side, SLTADispatcher):
+            assert {s.r for s in sim.dispatchers} == {side.r}  # type: ignore[attr-defined]
+
+    calls = watch(sim, check)
+    raw = sim.run()
+    assert min(calls) > 100
+    if exp.policy.name == "slta":  # r moved: sharing it was put to the test
+        assert len(raw.r_series) > 2 and len({r for _, r in raw.r_series}) > 1
+
+
+@pytest.mark.parametrize("exp", [queues("jsq", 3), pools("jlmu", 3), pools("slta", 3)])
+def test_a_local_view_shows_each_dispatcher_exactly_its_own_tasks(exp: Experiment) -> None:
+    """With a local view dispatcher d sees, at every node, the tasks it routed there that are still
+    there (the node side's count of d's arrivals less its departures), and nothing of the others'."""
+    sim = Simulator(exp)
+
+    def check(d: int) -> None:
+        side = sim.dispatchers[d]
+        own = [s.arrived[d] - s.departed[d] for s in sim.sides]  # type: ignore[attr-defined]
+        assert [picture(side, k) for k in range(exp.n)] == own
+
+    calls = watch(sim, check)
+    sim.run()
+    assert min(calls) > 100
+    assert any(sum(s.arrived) != s.arrived[0] for s in sim.sides)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("view", "per_task"), [("local", 1), ("full", 5)])
+def test_what_a_view_costs_in_messages(view: str, per_task: int) -> None:
+    """JSQ with K = 3: one departure notice per task with a local view; 2K - 1 = 5 with a full one
+    (every arrival to the 2 others, every departure to all 3). Counted per task arrived in a batch, so a
+    batch's departures may differ from its arrivals by the tasks in the system at its ends."""
+    exp = queues("jsq", 3, view)
+    result = summarize(exp, [simulate_once(exp)])
+    by_kind = result.metrics["messages_per_task"]["by_kind"]
+    assert set(by_kind) == ({"departure", "arrival"} if view == "full" else {"departure"})
+    assert result.metrics["messages_per_task"]["value"] == pytest.approx(per_task, rel=0.01)
+    if view == "full":
+        assert by_kind["arrival"] == pytest.approx(2.0, abs=1e-12)  # exactly K - 1 per arrival
+
+
+def test_full_view_notices_and_their_order() -> None:
+    """The node side of a full view: an arrival of dispatcher 1's task tells 0 and 2 (A, D, X, s), a
+    departure tells all three; a dispatcher keeps the others' count of the newest notice by s."""
+    exp = queues("jsq", 3, "full")
+    side = make_node_sides(exp, random.Random(1), dispatchers=3)[4]
+    assert side.on_arrival(1, 1, ()) == (
+        Message("arrival", 4, (0, 0, 1, 1), 0),
+        Message("arrival", 4, (0, 0, 1, 1), 2),
+    )
+    side.on_arrival(2, 0, ())
+    out = side.on_departure(1, 1)
+    assert out == tuple(
+        Message("departure", 4, (a, d, 1, 3), e) for e, (a, d) in enumerate([(1, 0), (1, 1), (0, 0)])
+    )
+    disp = make_dispatcher(exp, random.Random(2), 2, 3)
+    assert isinstance(disp, CountingDispatcher)
+    disp.on_message(Message("arrival", 4, (0, 0, 2, 2), 2))  # two tasks of the others after event 2
+    disp.on_message(Message("arrival", 4, (0, 0, 1, 1), 2))  # an older notice, overtaken: ignored
+    assert picture(disp, 4) == 2
+    disp.on_message(Message("departure", 4, (0, 0, 1, 3), 2))
+    assert picture(disp, 4) == 1
+    for bad in [(0, 0, 1), (1, 0, 0, 3), (0, 0, -1, 3), (0, 0, 1, -1)]:
+        with pytest.raises(ValueError):
+            disp.on_message(Message("departure", 4, bad, 2))
+
+
+def test_jiq_sq_node_probes_d_dispatchers_and_joins_the_fewest() -> None:
+    """JIQ-SQ(2) with 4 dispatchers: an idle node asks 2 distinct dispatchers chosen uniformly, sends its
+    token to the one holding fewer tokens, breaks ties uniformly, and drops a round a task overtook."""
+    exp = queues("jiq", 4)
+    exp = dataclasses.replace(exp, policy=dataclasses.replace(exp.policy, d=2))
+    asked: list[tuple[int, ...]] = []
+    chose: list[int] = []
+    for seed in range(400):
+        side = IdleTokenSender(exp, 3, random.Random(seed), 4)
+        side.on_arrival(1, 0, ())
+        probes = side.on_departure(0, 0)
+        assert [m.kind for m in probes] == ["token_probe"] * 2 and all(m.data == (1,) for m in probes)
+        pair = tuple(m.dispatcher for m in probes)
+        assert len(set(pair)) == 2
+        asked.append(tuple(sorted(pair)))
+        assert side.on_message(Message("token_count", 3, (1, 5), pair[0]), 0) == ()
+        if seed % 2:  # the second holds fewer: it gets the token
+            (token,) = side.on_message(Message("token_count", 3, (1, 2), pair[1]), 0)
+            assert token == Message("idle_token", 3, (1,), pair[1]) and side.report(0) == (0, 1, pair[1])
+        else:  # a tie: either, uniformly
+            (token,) = side.on_message(Message("token_count", 3, (1, 5), pair[1]), 0)
+            chose.append(token.dispatcher == min(pair))
+    pairs = {p: asked.count(p) for p in set(asked)}
+    assert len(pairs) == 6 and all(abs(c - 400 / 6) < 4 * math.sqrt(400 / 6) for c in pairs.values())
+    assert abs(sum(chose) - 100) < 4 * math.sqrt(200 * 0.25)
+    # a task arrives before the last answer: the round is void, no token goes out
+    side = IdleTokenSender(exp, 3, random.Random(1), 4)
+    first, second = side.on_departure(0, 0)
+    side.on_message(Message("token_count", 3, (0, 0), first.dispatcher), 0)
+    side.on_arrival(1, 2, ())
+    assert side.on_message(Message("token_count", 3, (0, 0), second.dispatcher), 1) == ()
+    assert side.report(1) == (1, 1, -1)
+    # a dispatcher answers a probe with the number of tokens it holds
+    disp = make_dispatcher(exp, random.Random(1), 1, 4)
+    assert isinstance(disp, JIQDispatcher)
+    held = len(disp.tokens)
+    assert disp.on_message(Message("token_probe", 6, (9,), 1)) == (Message("token_count", 6, (9, held), 1),)
+
+
+def test_slta_full_view_epochs_are_ordered_across_dispatchers_and_adopted() -> None:
+    """Dispatcher i numbers its epochs i modulo K, each above every epoch it has seen; a token of a
+    later epoch makes a dispatcher take that epoch and r; a pool answers an epoch to every dispatcher."""
+    exp = pools("slta", 3, "full")
+    one, two = (make_dispatcher(exp, random.Random(s), i, 3) for s, i in ((1, 1), (2, 2)))
+    assert isinstance(one, SLTADispatcher) and isinstance(two, SLTADispatcher)
+    assert [one._next_epoch(e) for e in (0, 1, 2, 3)] == [1, 4, 4, 4]
+    assert [two._next_epoch(e) for e in (0, 1, 2, 3)] == [2, 2, 5, 5]
+    moved = one._move(4)
+    assert moved and one.epoch == 1 and all(m.data[:2] == (1, 4) for m in moved)
+    side = make_node_sides(exp, random.Random(3), [moved[0].node], dispatchers=3)[0]
+    answers = side.on_message(moved[0], 0)
+    assert [m.dispatcher for m in answers] == [0, 1, 2] and all(m.kind == "token_epoch" for m in answers)
+    assert two.r == 1
+    two.on_message(answers[2])
+    assert (two.epoch, two.r) == (1, 4) and not two.unsettled
+    assert two._next_epoch(two.epoch) == 2  # its next change comes after the adopted epoch
+    one.on_message(answers[1])
+    assert not one.unsettled - {m.node for m in moved[1:]}

@@ -1397,13 +1397,19 @@ def test_slta_learns_again_only_once_every_told_pool_has_answered() -> None:
         prime_keep = set(disp.unsettled)
         prime(disp, 4, green, set())
         disp.unsettled.update(prime_keep)
-        answer = Message("token_epoch", k, (disp.epoch, 4, disp.seen_seq[k], True, False, world.x[k]), 0)
+        data = (disp.epoch, 4, disp.seen_seq[k], True, False, world.x[k], disp.sent[k])  # all sent arrived
+        answer = Message("token_epoch", k, data, 0)
         disp.on_message(answer)
         disp.dispatch()
         assert disp.r == 4, f"r moved while pools {sorted(disp.unsettled)} had not answered"
     last = told[-1]
     disp.on_message(
-        Message("token_epoch", last, (disp.epoch, 4, disp.seen_seq[last], True, False, world.x[last]), 0)
+        Message(
+            "token_epoch",
+            last,
+            (disp.epoch, 4, disp.seen_seq[last], True, False, world.x[last], disp.sent[last]),
+            0,
+        )
     )
     assert not disp.unsettled
     prime(disp, 4, green, set())

@@ -14,6 +14,7 @@ Expected values are the nodes' true occupancies kept by the test, or hand-derive
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import Counter, deque
 from collections.abc import Iterable, Sequence
@@ -112,6 +113,10 @@ POLICIES: dict[str, tuple[dict[str, Any], bool]] = {
 def policy_exp(name: str) -> Experiment:
     policy, pools = POLICIES[name]
     return experiment(dict(policy), pools, load=2.0 if pools else 0.25)
+
+
+def with_dispatchers(exp: Experiment, k: int) -> Experiment:
+    return dataclasses.replace(exp, policy=dataclasses.replace(exp.policy, dispatchers=k))
 
 
 # ---------------------------------------------------------------------------------------- the net
@@ -505,7 +510,7 @@ def test_a_fresh_up_from_initial_reports_leaves_the_constructors_state(
 ) -> None:
     """At cluster start the host calls on_node_up(k, initial report, fresh=True) for every node: the state,
     random generator included, must be the constructor's, and so must every later decision."""
-    exp = policy_exp(name)
+    exp = with_dispatchers(policy_exp(name), dispatchers)
     twin = Net(exp, seed=14, index=index, dispatchers=dispatchers)
     net = Net(exp, seed=14, index=index, dispatchers=dispatchers)
     before = state(net.disp)
@@ -520,11 +525,15 @@ def test_a_fresh_up_from_initial_reports_leaves_the_constructors_state(
 
 def test_initial_reports() -> None:
     """What a node side reports before any task (read from the brief, not the code)."""
-    assert make_node_sides(policy_exp("jsq"), random.Random(1), dispatchers=2)[3].report(0) == (0, 0, 0, 0, 0)
+    # x, then (arrived, departed) per dispatcher, then the node's events
+    assert make_node_sides(policy_exp("jsq"), random.Random(1), dispatchers=2)[3].report(0) == (0,) * 6
     sides = make_node_sides(policy_exp("jiq"), random.Random(1), dispatchers=2)
     assert [s.report(0) for s in sides[:3]] == [(0, 0, 0), (0, 0, 1), (0, 0, 0)]
     assert make_node_sides(policy_exp("jiq"), random.Random(1))[5].report(0) == (0, 0, 0)
-    assert make_node_sides(policy_exp("slta"), random.Random(1))[2].report(0) == (0, 0, 0, 1)
+    # (x, seq, epoch, r, arrived) per dispatcher
+    assert make_node_sides(policy_exp("slta"), random.Random(1))[2].report(0) == (0, 0, 0, 1, 0)
+    two = make_node_sides(with_dispatchers(policy_exp("slta"), 2), random.Random(1), dispatchers=2)
+    assert two[2].report(0) == (0, 0, 0, 1, 0) * 2
     assert make_node_sides(policy_exp("random"), random.Random(1))[2].report(0) == (0,)
 
 
@@ -617,13 +626,13 @@ def test_a_message_of_a_node_that_is_down_does_not_bring_it_back(name: str) -> N
 
 
 def test_departures_count_per_dispatcher() -> None:
-    """A node counts each dispatcher's tasks apart, and reports them all: (x, A0, D0, A1, D1)."""
+    """A node counts each dispatcher's tasks apart, and reports them all: (x, A0, D0, A1, D1, events)."""
     side = make_node_sides(policy_exp("jsq"), random.Random(1), dispatchers=2)[2]
     side.on_arrival(1, 1, ())
     side.on_arrival(2, 0, ())
     side.on_arrival(3, 1, ())
     assert side.on_departure(2, 1) == (Message("departure", 2, (2, 1), 1),)
-    assert side.report(2) == (2, 1, 0, 2, 1)
+    assert side.report(2) == (2, 1, 0, 2, 1, 4)
 
 
 def test_bad_departures_and_reports_are_refused() -> None:
@@ -635,7 +644,7 @@ def test_bad_departures_and_reports_are_refused() -> None:
         net.disp.reconcile(0, (0,))
     second = Net(policy_exp("jsq"), seed=19, index=1, dispatchers=2)
     with pytest.raises(ValueError):
-        second.disp.reconcile(0, (0, 0, 0))  # no counts for dispatcher 1
+        second.disp.reconcile(0, (0, 0, 0, 0))  # no counts for dispatcher 1
 
 
 # ====================================================================================== 5. JIQ
@@ -800,17 +809,17 @@ def test_slta_pool_down_gets_no_epoch_and_is_told_when_up() -> None:
     assert disp.green_needed == 6 * 0.5
     # a pool whose epoch is behind is told the current one, and awaited
     told = {m.node for m in net.to_nodes}
-    behind = {k for k in (0, 3) if net.sides[k].epoch != disp.epoch}  # type: ignore[attr-defined]
+    behind = {k for k in (0, 3) if net.sides[k].epoch[0] != disp.epoch}  # type: ignore[attr-defined]
     assert behind and told == behind == set(disp.awaiting())
     net.flush()
     assert not disp.awaiting()
-    assert all(net.sides[k].epoch == disp.epoch for k in behind)  # type: ignore[attr-defined]
+    assert all(net.sides[k].epoch[0] == disp.epoch for k in behind)  # type: ignore[attr-defined]
     check_structures(net)
 
 
 def test_slta_bad_reports_are_refused() -> None:
     net = slta_net()
-    for report in [(0, 0, 0), (0, -1, 0, 1), (0, 0, 0, 1.0), (0, 0, 0, 1, 0)]:
+    for report in [(0, 0, 0, 1), (0, -1, 0, 1, 0), (0, 0, 0, 1.0, 0), (0, 0, 0, 1, -1), (0, 0, 0, 1, 0, 0)]:
         with pytest.raises(ValueError):
             net.disp.reconcile(0, report)  # type: ignore[arg-type]
 
@@ -860,7 +869,7 @@ def test_a_restarted_dispatcher_learns_the_nodes_state(name: str) -> None:
     for _ in range(8):
         net.arrive()
     net.flush()
-    old_epochs = [getattr(s, "epoch", 0) for s in net.sides]
+    old_epochs = [getattr(s, "epoch", [0])[0] for s in net.sides]
     net.disp = make_dispatcher(exp, random.Random(34))  # the restart
     for k in range(net.n):
         net.node_up(k, fresh=True)
@@ -869,7 +878,7 @@ def test_a_restarted_dispatcher_learns_the_nodes_state(name: str) -> None:
     if isinstance(net.disp, SLTADispatcher):
         assert max(old_epochs) > 0  # the old dispatcher had changed r: the restart matters
         assert net.disp.epoch > max(old_epochs)
-        assert [s.r for s in net.sides] == [net.disp.r] * net.n  # type: ignore[attr-defined]
+        assert [s.r[0] for s in net.sides] == [net.disp.r] * net.n  # type: ignore[attr-defined]
     if isinstance(net.disp, JIQDispatcher):  # no token of a busy node
         assert set(net.disp.held) == {k for k in range(net.n) if net.x[k] == 0}
     while any(net.x):

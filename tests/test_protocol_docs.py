@@ -402,7 +402,7 @@ async def test_live_answers_follow_the_documents(doc: dict[str, Any]) -> None:
                 "kind": "token_arrival",
                 "node": 0,
                 "dispatcher": 0,
-                "data": [0, 1, 1, False, True, 0],
+                "data": [0, 1, 1, False, True, 0, 1],
             }
             batch = {"messages": [token_ok, {**token_ok, "data": [0, 1, 2]}]}
             status, reply = await call(slta_disp, "POST", messages, token=TOKEN, body=batch)
@@ -412,13 +412,13 @@ async def test_live_answers_follow_the_documents(doc: dict[str, Any]) -> None:
             assert slta_dispatcher.rejected["token_arrival"] == 1
 
             # state messages to a node: an SLTA epoch that agrees with the idle pool's true bits is
-            # answered all the same, on the reply, with the unchanged bits, the pool's last seq (none: 0) and
-            # its task count (0)
+            # answered all the same, on the reply, with the unchanged bits, the pool's last seq (none: 0),
+            # its task count (0) and the dispatcher's tasks it received (0)
             bits = Thresholds(ranking_of(slta)).true_bits(0, 0, 1)
             epoch = {"messages": [{"kind": "epoch", "node": 1, "dispatcher": 0, "data": [1, 1, 0, *bits]}]}
             one = "/v1/nodes/1/messages"
             status, reply = await call(slta_nodes, "POST", node_messages, one, token=TOKEN, body=epoch)
-            answer = {"kind": "token_epoch", "node": 1, "dispatcher": 0, "data": [1, 1, 0, *bits, 0]}
+            answer = {"kind": "token_epoch", "node": 1, "dispatcher": 0, "data": [1, 1, 0, *bits, 0, 0]}
             sent = reply["messages"][0].pop("sent")  # the node's monotonic clock when it answered
             assert isinstance(sent, float) and 0 <= time.monotonic() - sent < 5
             assert (status, reply) == (200, {"ok": True, "applied": 1, "messages": [answer]})
@@ -447,9 +447,14 @@ async def test_live_answers_follow_the_documents(doc: dict[str, Any]) -> None:
             status, timings = await call(disp, "GET", "/v1/timings")
             assert status == 200 and timings["message_ages"] == {}
             assert timings["rider_ages"]["idle_token"] and min(timings["rider_ages"]["idle_token"]) >= 0
+            # and each one's own age under its key (kind:node:dispatcher:data): one per token that rode
+            keyed = timings["keyed_ages"]
+            assert len(keyed) == len(timings["rider_ages"]["idle_token"])
+            assert all(k.startswith("idle_token:") and v >= 0 for k, v in keyed.items())
             # the epoch posted to the SLTA node above carried no stamp: applied, but with no age
             status, timings = await call(slta_nodes, "GET", "/v1/timings")
-            assert status == 200 and timings == {"message_ages": {}, "rider_ages": {}, "time_scale": 0.01}
+            empty = {"message_ages": {}, "rider_ages": {}, "keyed_ages": {}, "time_scale": 0.01}
+            assert status == 200 and timings == empty
             status, text = await call(disp, "GET", "/metrics")
             # a JIQ dispatcher: every documented family but SLTA's own integral of r
             slta_only = {"lbtestbed_dispatcher_slta_r_model_seconds_total"}

@@ -27,8 +27,8 @@ from prometheus_client.registry import Collector
 
 from lbtestbed.dispatcher.health import Health
 from lbtestbed.model.distributions import BlockSampler
-from lbtestbed.model.spec import Experiment, seed_sequence, seeded_random
-from lbtestbed.policies import DISPATCHER_BOUND, MESSAGE_KINDS, Message, Probe, Route, make_dispatcher
+from lbtestbed.model.spec import Experiment, message_kinds, seed_sequence, seeded_random
+from lbtestbed.policies import DISPATCHER_BOUND, Message, Probe, Route, make_dispatcher
 from lbtestbed.policies.slta import SLTADispatcher
 from lbtestbed.transport import wire
 from lbtestbed.transport.http import Peers
@@ -92,7 +92,7 @@ class DispatcherHost:
         # messages this dispatcher could not deliver; every kind it sends starts at 0, so that the first
         # failure is an increase that Prometheus sees (a series that appears at 1 has no increase)
         self.failures: Counter[str] = Counter(
-            {k: 0 for k in MESSAGE_KINDS[exp.policy.name] if k not in self.accepts and k != "probe_reply"}
+            {k: 0 for k in message_kinds(exp.policy) if k not in self.accepts and k != "probe_reply"}
         )
         self.rejected: Counter[str] = Counter()  # messages it received and refused
         self.decisions: Counter[str] = Counter()
@@ -359,7 +359,7 @@ class DispatcherHost:
             log.warning("bad messages on a reply: %s", e)
             return
         for m, obj in zip(msgs, raw, strict=True):
-            self.ages.observe(m.kind, wire.sent_at(obj), received, rider=True)
+            self.ages.observe(m, wire.sent_at(obj), received, rider=True)
             if not 0 <= m.node < self.exp.n:
                 self.rejected[m.kind] += 1
                 log.warning("rejected %s message from unknown node %d on a reply", m.kind, m.node)
@@ -391,7 +391,7 @@ class DispatcherHost:
                 return wire.error(400, f"no node {m.node} in this cluster", f"messages[{i}].node")
         now = time.monotonic()
         for i, m in enumerate(msgs):
-            self.ages.observe(m.kind, wire.sent_at(body["messages"][i]), now)
+            self.ages.observe(m, wire.sent_at(body["messages"][i]), now)
             if not self.health.node_up[m.node]:
                 self.health.ignored[m.kind] += 1  # its state is read afresh when it is back
                 continue

@@ -63,6 +63,7 @@ class Measurement:
     # their own request, and riding on the reply to one
     message_ages: dict[str, list[float]] = field(default_factory=dict)
     rider_ages: dict[str, list[float]] = field(default_factory=dict)
+    keyed_ages: dict[str, float] = field(default_factory=dict)  # by wire.message_key
 
 
 def warmup_warning(exp: Experiment) -> str | None:
@@ -153,16 +154,19 @@ async def _health_events(
 
 async def _timings(
     session: aiohttp.ClientSession, f: ClusterFile
-) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-    """Every process's recent message ages (``GET /v1/timings``), pooled by kind."""
+) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, float]]:
+    """Every process's recent message ages (``GET /v1/timings``): pooled by kind, for messages on their
+    own requests and for riders, and message by message (wire.message_key)."""
     own: dict[str, list[float]] = {}
     riders: dict[str, list[float]] = {}
+    keyed: dict[str, float] = {}
     for e in f.dispatchers + f.node_hosts:
         body = await _get_json(session, f"{e.url}/v1/timings")
         for into, key in ((own, "message_ages"), (riders, "rider_ages")):
             for kind, ages in (body.get(key) or {}).items():
                 into.setdefault(kind, []).extend(float(a) for a in ages)
-    return own, riders
+        keyed.update((k, float(a)) for k, a in (body.get("keyed_ages") or {}).items())
+    return own, riders, keyed
 
 
 async def measure(
@@ -221,7 +225,7 @@ async def measure(
             if injecting is not None:
                 await injecting
             events = await _health_events(session, f, origin_unix, scale) if faulty else []
-            own_ages, rider_ages = await _timings(session, f)
+            own_ages, rider_ages, keyed_ages = await _timings(session, f)
         finally:
             if sampler is not None:
                 sampler.cancel()
@@ -236,6 +240,7 @@ async def measure(
         "tasks": list(tasks),
         "message_ages": own_ages,
         "rider_ages": rider_ages,
+        "keyed_ages": keyed_ages,
     }
     if prometheus is None:
         return Measurement(snapshots, report, r_series=r_series, **extra)
@@ -444,6 +449,7 @@ def emulation_of(exp: Experiment, m: Measurement) -> Emulation:
         legs,
         m.message_ages,
         m.rider_ages,
+        m.keyed_ages,
         riders=exp.network.delay is None,
         policy_stream=DISPATCHER_STREAM,
     )

@@ -55,30 +55,45 @@ COMMON_POLICY_KEYS = ("dispatchers", "split")
 POLICY_KEYS: dict[str, tuple[str, ...]] = {
     "random": (),
     "round_robin": (),
-    "jsq": ("tie_break",),
+    "jsq": ("tie_break", "view"),
     "power_of_d": ("d", "replace", "tie_break"),
     "least_request": ("d", "replace"),
-    "jiq": ("tie_break",),
-    "jlmu": ("rank_order",),
-    "slta": ("beta", "beta_scale", "rank_order"),
+    "jiq": ("tie_break", "d"),
+    "jlmu": ("rank_order", "view"),
+    "slta": ("beta", "beta_scale", "rank_order", "view"),
     "scheme1": ("d",),
     "scheme2": ("d",),
 }
 
 
-#: message kinds each policy sends, for tables and metrics with fixed label sets
+#: message kinds each policy may send (``message_kinds`` gives those of one configuration), for the
+#: protocol's accepted kinds and label sets
 MESSAGE_KINDS: dict[str, tuple[str, ...]] = {
     "random": (),
     "round_robin": (),
     "least_request": (),
-    "jsq": ("departure",),
-    "jlmu": ("departure",),
+    "jsq": ("departure", "arrival"),
+    "jlmu": ("departure", "arrival"),
     "power_of_d": ("probe", "probe_reply"),
     "scheme1": ("probe", "probe_reply"),
     "scheme2": ("probe", "probe_reply"),
-    "jiq": ("idle_token",),
+    "jiq": ("idle_token", "token_probe", "token_count"),
     "slta": ("token_departure", "token_arrival", "token_epoch", "epoch"),
 }
+
+#: what each dispatcher of several sees (docs/spec.md, "`view`"): the tasks it routed, or every task
+VIEWS = ("local", "full")
+
+
+def message_kinds(policy: PolicySpec) -> tuple[str, ...]:
+    """The kinds of state message ``policy`` sends as configured (a subset of MESSAGE_KINDS[name])."""
+    kinds = MESSAGE_KINDS[policy.name]
+    if policy.name in ("jsq", "jlmu"):
+        full = policy.view == "full" and policy.dispatchers > 1
+        return kinds if full else ("departure",)  # arrival notices only tell the other dispatchers
+    if policy.name == "jiq":
+        return kinds if policy.d != 1 else ("idle_token",)  # JIQ-SQ(d) probes the dispatchers first
+    return kinds
 
 
 class SpecError(ValueError):
@@ -117,6 +132,7 @@ class PolicySpec:
     rank_order: str = "ij"
     dispatchers: int = 1  # K dispatchers side by side, each with its own state (docs/spec.md, "dispatchers")
     split: str = "random"  # how the arrivals are spread over them: SPLITS
+    view: str = "local"  # jsq, jlmu, slta with several dispatchers: what each one's picture counts (VIEWS)
 
 
 @dataclass(frozen=True)
@@ -216,6 +232,7 @@ _STREAMS = {
     "nodes": 6,
     "split": 7,  # which dispatcher each arrival reaches (policy.split = "random")
     "dispatchers": 8,  # the simulator's dispatchers 1..K-1 (dispatcher 0 draws from "policy")
+    "node_side": 9,  # node k's own draws (which dispatcher hears of it): one stream per node, see below
 }
 
 
@@ -227,6 +244,14 @@ def seed_sequence(seed: int, stream: str, replication: int = 0) -> np.random.See
 def seeded_random(seed: int, stream: str, replication: int = 0) -> random.Random:
     """A Python generator on one of an experiment's streams (policies draw scalars: faster than numpy)."""
     return random.Random(int(seed_sequence(seed, stream, replication).generate_state(1)[0]))
+
+
+def node_random(seed: int, node: int, replication: int = 0) -> random.Random:
+    """Node ``node``'s own stream for its policy half's draws. One per node, so that the simulator, the
+    twin and a node process (which may host many nodes, in whatever order their events come) draw the
+    same numbers for the same node events."""
+    state = np.random.SeedSequence([seed, replication, _STREAMS["node_side"], node]).generate_state(1)
+    return random.Random(int(state[0]))
 
 
 # --------------------------------------------------------------------------------------------- parsing
@@ -400,13 +425,18 @@ def _parse_policy(r: _Reader, classes: Sequence[NodeClass], n: int) -> PolicySpe
     r.check_keys(("name", *COMMON_POLICY_KEYS, *POLICY_KEYS[name]))
     dispatchers = r.integer("dispatchers", default=1, minimum=1, maximum=MAX_DISPATCHERS)
     split = r.string("split", default="random", choices=SPLITS)
-    if name == "slta" and dispatchers > 1:
-        raise r.fail(
-            "dispatchers",
-            "SLTA learns one threshold index for the whole cluster: it runs with one dispatcher",
-        )
+    view = r.string("view", default="local", choices=VIEWS)
     d: int | tuple[int, ...] | None = None
-    if name in ("power_of_d", "least_request"):
+    if name == "jiq":
+        d = r.integer("d", default=1, minimum=1)
+        if d > dispatchers:
+            raise r.fail(
+                "d",
+                f"JIQ-SQ(d): an idle node probes {d} distinct dispatchers but the spec runs {dispatchers} "
+                "(policy.dispatchers)",
+            )
+        replace = False
+    elif name in ("power_of_d", "least_request"):
         d = r.integer("d", default=2, minimum=1)
         replace = r.boolean("replace", False)
         if d > n and not replace:
@@ -456,6 +486,7 @@ def _parse_policy(r: _Reader, classes: Sequence[NodeClass], n: int) -> PolicySpe
         rank_order=rank_order,
         dispatchers=dispatchers,
         split=split,
+        view=view,
     )
 
 
@@ -542,20 +573,21 @@ def parse_spec(data: Mapping[str, Any], source: str = "<spec>") -> Experiment:
         h = top.sub("health")
         h.check_keys(("heartbeat", "timeout"))
         health = HealthSpec(heartbeat=h.number("heartbeat", 0.2), timeout=h.number("timeout", 1.0))
-    faults = _parse_faults(top, policy.name, n, run)
+    faults = _parse_faults(top, policy, n, run)
 
     exp = Experiment(name, seed, tuple(classes), workload, policy, run, network, source, data, faults, health)
     _check_stability(exp, top)
     return exp
 
 
-def _parse_faults(top: _Reader, policy: str, n: int, run: RunSpec) -> tuple[Fault, ...]:
+def _parse_faults(top: _Reader, spec: PolicySpec, n: int, run: RunSpec) -> tuple[Fault, ...]:
     if not top.has("faults"):
         return ()
     raw = top.get("faults")
     if not isinstance(raw, list):
         raise top.fail("faults", "must be an array of [[faults]] tables")
-    one_way = tuple(k for k in MESSAGE_KINDS[policy] if k not in ("probe", "probe_reply"))
+    policy = spec.name
+    one_way = tuple(k for k in message_kinds(spec) if k not in ("probe", "probe_reply"))
     end = run.warmup + run.duration
     faults = []
     for i, v in enumerate(raw):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from lbtestbed.model.spec import MESSAGE_KINDS, Experiment
+from lbtestbed.model.spec import MESSAGE_KINDS, Experiment, node_random
 from lbtestbed.policies.base import DispatcherSide, Message, NodeSide, Probe, Route
 from lbtestbed.policies.hetero_ps import Scheme1Dispatcher, Scheme2Dispatcher
 from lbtestbed.policies.jiq import IdleTokenSender, JIQDispatcher
@@ -52,11 +52,11 @@ NODE_SIDES: dict[str, type[NodeSide]] = {
 
 #: kinds a node accepts from a dispatcher (probes have their own endpoint)
 NODE_BOUND: dict[str, tuple[str, ...]] = {
-    name: ("epoch",) if name == "slta" else () for name in MESSAGE_KINDS
+    name: {"slta": ("epoch",), "jiq": ("token_count",)}.get(name, ()) for name in MESSAGE_KINDS
 }
 #: kinds a dispatcher accepts from nodes
 DISPATCHER_BOUND: dict[str, tuple[str, ...]] = {
-    name: tuple(k for k in kinds if k not in ("probe", "probe_reply", "epoch"))
+    name: tuple(k for k in kinds if k not in ("probe", "probe_reply", *NODE_BOUND[name]))
     for name, kinds in MESSAGE_KINDS.items()
 }
 
@@ -72,12 +72,20 @@ def make_dispatcher(
 
 
 def make_node_sides(
-    exp: Experiment, rng: random.Random, nodes: Sequence[int] | None = None, dispatchers: int = 1
+    exp: Experiment,
+    rng: random.Random,
+    nodes: Sequence[int] | None = None,
+    dispatchers: int = 1,
+    replication: int = 0,
 ) -> list[NodeSide]:
-    """The node sides of the spec's policy for ``nodes`` (all by default); they share derived tables."""
+    """The node sides of the spec's policy for ``nodes`` (all by default); they share derived tables. A
+    node side that draws random numbers (with several dispatchers) gets its node's own stream, so that
+    every driver draws the same numbers for the same node; the others share ``rng``."""
     cls = NODE_SIDES.get(exp.policy.name, NodeSide)
     nodes = range(exp.n) if nodes is None else nodes
     if cls is SLTANode:
         th = Thresholds(ranking_of(exp))
         return [SLTANode(exp, k, rng, dispatchers, th) for k in nodes]
+    if cls.draws and dispatchers > 1:
+        return [cls(exp, k, node_random(exp.seed, k, replication), dispatchers) for k in nodes]
     return [cls(exp, k, rng, dispatchers) for k in nodes]

@@ -129,6 +129,9 @@ class DispatcherSide:
 class NodeSide:
     """The node half of a policy: messages a node sends on its own events."""
 
+    #: whether its rules draw random numbers: each node then gets a stream of its own (``node_random``)
+    draws: ClassVar[bool] = False
+
     def __init__(self, exp: Experiment, node: int, rng: random.Random, dispatchers: int = 1) -> None:
         self.node = node
         self.cls = exp.node_class[node]

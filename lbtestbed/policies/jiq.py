@@ -1,7 +1,11 @@
 """Join the idle queue (Lu et al. 2011; docs/theory.md, "Classical results for JSQ and JIQ", "What each
-policy sends").
+policy sends", "Several dispatchers").
 
-A node that becomes idle sends an idle token to one dispatcher (chosen uniformly when there are several).
+A node that becomes idle sends an idle token to one dispatcher: with several, JIQ-Random (``d = 1``) picks
+one uniformly; JIQ-SQ(d) asks d distinct dispatchers chosen uniformly how many tokens each holds
+(``token_probe``, answered by ``token_count``) and sends its token to the one holding the fewest, ties
+broken uniformly. A round whose answers are not all in when the node receives a task is void: the node is
+busy, and it starts a new round when it is idle again.
 A dispatcher that holds tokens sends the task to one of their nodes and drops that token; with none it picks
 a node uniformly at random. Which token: ``random`` uniform, ``longest_idle`` the oldest token (FIFO),
 ``fastest``/``fastest_idle`` the fastest node's, ``slowest`` the slowest node's.
@@ -22,7 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lbtestbed.model.spec import Experiment
-from lbtestbed.policies.base import NO_MESSAGES, DispatcherSide, Message, NodeSide, Route
+from lbtestbed.policies.base import NO_MESSAGES, DispatcherSide, Message, NodeSide, Route, sample_distinct
 from lbtestbed.policies.structures import SpeedBuckets, TokenSet
 
 
@@ -99,6 +103,11 @@ class JIQDispatcher(DispatcherSide):
         return Route(self.live.pick(self.rng), "random")  # while all are up: int(random() * n), as ever
 
     def on_message(self, msg: Message) -> tuple[Message, ...]:
+        if msg.kind == "token_probe":  # JIQ-SQ(d): how many tokens do we hold?
+            if len(msg.data) != 1:
+                raise ValueError(f"a token probe is (round,), got {len(msg.data)} values")
+            answer = (_seq(msg.data[0]), len(self.tokens))
+            return (Message("token_count", msg.node, answer, self.index),)
         if msg.kind != "idle_token":
             return super().on_message(msg)
         if len(msg.data) != 1:
@@ -156,13 +165,22 @@ class JIQDispatcher(DispatcherSide):
 
 
 class IdleTokenSender(NodeSide):
-    """Sends an idle token, numbered by its arrivals so far, when the node's last task leaves."""
+    """Sends an idle token, numbered by its arrivals so far, when the node's last task leaves: to a
+    uniformly random dispatcher, or (JIQ-SQ(d)) to the one of d probed that holds the fewest tokens."""
+
+    draws = True
 
     def __init__(self, exp: Experiment, node: int, rng: random.Random, dispatchers: int = 1) -> None:
         super().__init__(exp, node, rng, dispatchers)
         self.arrivals = 0
         # the dispatcher that starts with this node's token (JIQDispatcher.__init__); -1 after an arrival
+        # and while a JIQ-SQ(d) round is out
         self.token_to = node % dispatchers if dispatchers > 1 else 0
+        d = exp.policy.d
+        self.d = d if isinstance(d, int) else 1
+        self.asked: tuple[int, ...] = ()  # the dispatchers of the round out, in random order
+        self.counts: dict[int, int] = {}  # their answers so far
+        self.round = -1  # the arrivals count the round is for: void once another task arrives
 
     def on_arrival(self, x: int, origin: int, piggyback: tuple[Any, ...]) -> tuple[Message, ...]:
         self.arrivals += 1
@@ -172,8 +190,29 @@ class IdleTokenSender(NodeSide):
     def on_departure(self, x: int, origin: int) -> tuple[Message, ...]:
         if x:
             return NO_MESSAGES
+        if self.d > 1:
+            self.asked = sample_distinct(self.rng, self.dispatchers, self.d)
+            self.counts = {}
+            self.round = self.arrivals
+            return tuple(Message("token_probe", self.node, (self.round,), e) for e in self.asked)
         to = int(self.rng.random() * self.dispatchers) if self.dispatchers > 1 else 0
         self.token_to = to
+        return (Message("idle_token", self.node, (self.arrivals,), to),)
+
+    def on_message(self, msg: Message, x: int) -> tuple[Message, ...]:
+        if msg.kind != "token_count":
+            return super().on_message(msg, x)
+        if len(msg.data) != 2:
+            raise ValueError(f"a token count is (round, tokens), got {len(msg.data)} values")
+        rnd, count = _seq(msg.data[0]), _seq(msg.data[1])
+        if rnd != self.round or rnd != self.arrivals or msg.dispatcher not in self.asked:
+            return NO_MESSAGES  # a void round (a task came first), or an answer nobody asked for
+        self.counts[msg.dispatcher] = count
+        if len(self.counts) < len(self.asked):
+            return NO_MESSAGES
+        # the first of the fewest in the random order of the probes: ties are broken uniformly
+        to = min(self.asked, key=self.counts.__getitem__)
+        self.round, self.token_to = -1, to
         return (Message("idle_token", self.node, (self.arrivals,), to),)
 
     def report(self, x: int) -> tuple[int, ...]:

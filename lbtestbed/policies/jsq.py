@@ -14,6 +14,14 @@ largest D it saw) and sees ``sent - acked`` tasks there (never fewer than 0). A 
 each pair, so a duplicate or an overtaken notice changes nothing, a lost one is made good by the next (or
 by the node's report, ``reconcile``), and a task counted as failed that ran all the same is counted again.
 With exact delivery every notice lowers the count by one, as a plain decrement would.
+
+Several dispatchers (docs/spec.md, "`dispatchers` and `split`", "`view`"). With ``view = "local"`` each
+dispatcher's picture counts the tasks it routed, and hears of their departures only. With ``view =
+"full"`` a node also tells every other dispatcher of each arrival (``arrival``) and every dispatcher of
+each departure: a notice to dispatcher e carries e's (A, D), the node's task count X and its event number
+s (arrivals plus departures), and e sees X - (A - D) tasks of the others there (from the newest notice,
+by s) on top of its own ``sent - acked``. With exact delivery every picture is then the true occupancy, at
+2K - 1 messages per task.
 """
 
 from __future__ import annotations
@@ -37,6 +45,17 @@ def departure_counts(data: Sequence[Any], what: str = "a departure") -> tuple[in
     return a, d
 
 
+def full_view_counts(data: Sequence[Any], what: str) -> tuple[int, int, int, int]:
+    """(A, D, X, s) of a full-view notice: this dispatcher's counts, the node's tasks and event number."""
+    if len(data) != 4:
+        raise ValueError(f"{what} is (arrived, departed, tasks, events), got {len(data)} values")
+    a, d = departure_counts(data[:2], what)
+    x, s = data[2:]
+    if type(x) is not int or type(s) is not int or x < a - d or s < 0:
+        raise ValueError(f"{what} needs integers tasks >= arrived - departed and events >= 0")
+    return a, d, x, s
+
+
 class CountingDispatcher(DispatcherSide):
     """The picture JSQ and JLMU share: per node ``sent - acked`` tasks (module docstring), in LevelIndexes."""
 
@@ -44,16 +63,29 @@ class CountingDispatcher(DispatcherSide):
         super().__init__(exp, rng, index)
         self.sent = [0] * self.n  # tasks routed to each node, less those that failed
         self.acked = [0] * self.n  # departures the node reported: the largest D seen
+        self.full = exp.policy.view == "full" and exp.policy.dispatchers > 1
+        self.others = [0] * self.n  # full view: the other dispatchers' tasks at each node
+        self.events = [-1] * self.n  # full view: the event number those counts are from
 
     def _levels(self, k: int) -> LevelIndex:
         """The index that holds node ``k``."""
         raise NotImplementedError
 
+    def _level(self, k: int) -> int:
+        """The tasks at ``k`` in this dispatcher's picture."""
+        own = self.sent[k] - self.acked[k]
+        return (own if own > 0 else 0) + self.others[k]
+
     def _sync(self, k: int) -> None:
         """Move ``k`` to the level its counts say (a down node stays out of the index)."""
         if k not in self.live.down:
-            lvl = self.sent[k] - self.acked[k]
-            self._levels(k).move(k, lvl if lvl > 0 else 0)
+            self._levels(k).move(k, self._level(k))
+
+    def _others(self, k: int, a: int, d: int, x: int, s: int) -> None:
+        """Full view: the others' tasks at ``k`` after its event ``s``, unless we know a later one."""
+        if s > self.events[k]:
+            self.events[k] = s
+            self.others[k] = x - (a - d)
 
     def _apply(self, k: int, a: int, d: int) -> None:
         if a > self.sent[k]:
@@ -62,17 +94,27 @@ class CountingDispatcher(DispatcherSide):
             self.acked[k] = d
         self._sync(k)
 
-    def _report_counts(self, report: Sequence[Any]) -> tuple[int, int]:
-        """(A, D) for this dispatcher in a node's report (x, A[0], D[0], A[1], D[1], ...)."""
+    def _report_counts(self, k: int, report: Sequence[Any]) -> tuple[int, int]:
+        """(A, D) for this dispatcher in a node's report (x, A[0], D[0], A[1], D[1], ..., s); with a full
+        view, the others' tasks it shows are taken in as well."""
         i = 1 + 2 * self.index
-        if len(report) < i + 2:
+        if len(report) < i + 3:
             raise ValueError(f"a report of {len(report)} values has no counts for dispatcher {self.index}")
-        return departure_counts(report[i : i + 2], "a report")
+        a, d = departure_counts(report[i : i + 2], "a report")
+        if self.full:
+            self._others(k, *full_view_counts((a, d, report[0], report[-1]), "a report"))
+        return a, d
 
     def on_message(self, msg: Message) -> tuple[Message, ...]:
-        if msg.kind != "departure":
+        k = msg.node
+        if self.full and msg.kind in ("departure", "arrival"):
+            a, d, x, s = full_view_counts(msg.data, f"a full-view {msg.kind} notice")
+            self._others(k, a, d, x, s)
+            self._apply(k, a, d)
+        elif msg.kind == "departure":
+            self._apply(k, *departure_counts(msg.data))
+        else:
             return super().on_message(msg)
-        self._apply(msg.node, *departure_counts(msg.data))
         return NO_MESSAGES
 
     def on_task_failed(self, node: int) -> None:
@@ -85,21 +127,22 @@ class CountingDispatcher(DispatcherSide):
             self._levels(node).remove(node)
 
     def on_node_up(self, node: int, report: tuple[int, ...], fresh: bool) -> tuple[Message, ...]:
-        a, d = self._report_counts(report)
+        if fresh:
+            self.events[node] = -1  # a node that started anew numbers its events from 0 again
+        a, d = self._report_counts(node, report)
         if fresh:  # nothing of ours on its way there, and no end of an earlier task will be reported
             self.sent[node], self.acked[node] = a, d
         else:
             self.sent[node] = max(self.sent[node], a)
             self.acked[node] = max(self.acked[node], d)
         if self.live.set_up(node):
-            lvl = self.sent[node] - self.acked[node]
-            self._levels(node).restore(node, lvl if lvl > 0 else 0)
+            self._levels(node).restore(node, self._level(node))
         else:
             self._sync(node)  # up already (the first contact): unchanged unless the report says otherwise
         return NO_MESSAGES
 
     def reconcile(self, node: int, report: tuple[int, ...]) -> tuple[Message, ...]:
-        self._apply(node, *self._report_counts(report))
+        self._apply(node, *self._report_counts(node, report))
         return NO_MESSAGES
 
 
@@ -138,23 +181,38 @@ class JSQDispatcher(CountingDispatcher):
 
 class DepartureNotifier(NodeSide):
     """Reports every departure to the dispatcher that routed the task (JSQ, JLMU), with the counts of that
-    dispatcher's tasks that arrived and left so far (module docstring)."""
+    dispatcher's tasks that arrived and left so far; with a full view, every arrival to the other
+    dispatchers and every departure to all, with the node's task count and event number (module
+    docstring)."""
 
     def __init__(self, exp: Experiment, node: int, rng: random.Random, dispatchers: int = 1) -> None:
         super().__init__(exp, node, rng, dispatchers)
         self.arrived = [0] * max(1, dispatchers)  # A[d]: tasks of dispatcher d that arrived here
         self.departed = [0] * max(1, dispatchers)  # D[d]: tasks of dispatcher d that left
+        self.events = 0  # arrivals plus departures: orders the full view's notices
+        self.full = exp.policy.view == "full" and dispatchers > 1
+
+    def _notices(self, kind: str, x: int, to: range | list[int]) -> tuple[Message, ...]:
+        s, k = self.events, self.node
+        return tuple(Message(kind, k, (self.arrived[e], self.departed[e], x, s), e) for e in to)
 
     def on_arrival(self, x: int, origin: int, piggyback: tuple[Any, ...]) -> tuple[Message, ...]:
         self.arrived[origin] += 1
-        return NO_MESSAGES
+        self.events += 1
+        if not self.full:
+            return NO_MESSAGES
+        return self._notices("arrival", x, [e for e in range(self.dispatchers) if e != origin])
 
     def on_departure(self, x: int, origin: int) -> tuple[Message, ...]:
         d = self.departed[origin] = self.departed[origin] + 1
+        self.events += 1
+        if self.full:
+            return self._notices("departure", x, range(self.dispatchers))
         return (Message("departure", self.node, (self.arrived[origin], d), origin),)
 
     def report(self, x: int) -> tuple[int, ...]:
         out = [x]
         for a, d in zip(self.arrived, self.departed, strict=True):
             out += (a, d)
+        out.append(self.events)
         return tuple(out)

@@ -32,26 +32,41 @@ at n = 400 with a delay of 0.1 mean works the utility fell to 9.051 (JLMU: 9.125
 count per pool instead of two bits; the messages stay about one per task (at the optimum nearly every
 departure changes a token, so that design reports nearly every one as well).
 
-Messages. A token is (epoch, r, seq, green, yellow, x): the pool's epoch and r, ``seq`` its number of task
-events so far (arrivals plus departures), its bits under its r, and its task count x. ``seq`` orders a
-pool's tokens (an older one is dropped), and (seq + x) / 2 is the number of tasks the pool had received,
-so the tasks the dispatcher had sent that had not yet arrived go on top of x. A pool sends
+Messages. A token is (epoch, r, seq, green, yellow, x, arrived): the pool's epoch and r, ``seq`` its number
+of task events so far (arrivals plus departures), its bits under its r, its task count x, and how many of
+the receiving dispatcher's tasks it has received. ``seq`` orders a pool's tokens (an older one is dropped),
+and the tasks the dispatcher had sent that had not yet arrived go on top of x. A pool sends
 ``token_departure`` after every departure and ``token_epoch`` in answer to every EPOCH; ``token_arrival``
-is no longer sent (the dispatcher counts its own tasks, so an arrival leaves nothing to correct), though
-one is still read like any token. Every change of r starts a new epoch, sent to the pools of each class whose
-thresholds changed, with the dispatcher's bits for the pool under the new r; a pool adopts the latest epoch
-and r, from an EPOCH or from the belief riding on a task. The dispatcher lowers r again only once every
-pool told of the last change has answered (with exact delivery: at once; with a delay this changed
-nothing measurable); it raises r whenever the rule says so, as that step keeps a yellow token in the
-picture. A pool that received more tasks than the dispatcher sent it (the cluster benchmark also sends tasks
-to the pools directly) resets the dispatcher's count of tasks sent to it.
+only tells the other dispatchers of a full view (below), though one is read like any token. Every change of
+r starts a new epoch, sent to the pools of each class whose thresholds changed, with the dispatcher's bits
+for the pool under the new r; a pool adopts the latest epoch and r, from an EPOCH or from the belief riding
+on a task. The dispatcher lowers r again only once every pool told of the last change has answered (with
+exact delivery: at once; with a delay this changed nothing measurable); it raises r whenever the rule says
+so, as that step keeps a yellow token in the picture. A pool that received more tasks than the dispatcher
+sent it (the cluster benchmark also sends tasks to the pools directly) resets the dispatcher's count of
+tasks sent to it.
 
-Faults (``base.DispatcherSide``). A pool's report (x, seq, epoch, r) is read like a token when its ``seq``
-is newer than the last applied, so lost tokens are made good by ``reconcile``. A lost EPOCH or answer keeps
-the pool in ``unsettled`` (``awaiting``), and ``resend`` repeats the current epoch to it. A pool that is
-down holds no token in the picture, gets no EPOCH, is never picked at random and does not count in the
-learning rule (which needs n_up beta green tokens); when it comes back it is told the current epoch if its
-own differs. A dispatcher that restarts numbers its epochs above the pools' (on their first contact).
+Several dispatchers (docs/spec.md, "`view`"; docs/theory.md, "Several dispatchers"). With ``view =
+"local"`` each dispatcher runs the rules above on its own tasks alone: a pool keeps, per dispatcher, the
+epoch and r that dispatcher told it, the events and the count of that dispatcher's tasks, and reports the
+departure of a task to the dispatcher that sent it. Each dispatcher learns its own r, for the load it
+carries, about one message per task as with one. With ``view = "full"`` every dispatcher's picture counts
+every task and all share one r: a pool tells every other dispatcher of each arrival (``token_arrival``),
+every dispatcher of each departure, and answers an EPOCH to every dispatcher; x and seq are then the
+pool's own. Epoch numbers are ordered across dispatchers (dispatcher i numbers its epochs i modulo K, each
+above every epoch it has seen), and a dispatcher that sees a token of a later epoch than its own adopts its
+epoch and r. With exact delivery every picture is the true state and every dispatcher holds the same r at
+every arrival, so K dispatchers make the decisions one would, at 2K - 1 messages per task (and K answers
+per EPOCH).
+
+Faults (``base.DispatcherSide``). A pool's report (x, seq, epoch, r, arrived, one such five per
+dispatcher) is read like a token when its ``seq`` is newer than the last applied, so lost tokens are made
+good by ``reconcile``. A lost EPOCH or answer keeps the pool in ``unsettled`` (``awaiting``), and
+``resend`` repeats the current epoch to it. A pool that is down holds no token in the picture, gets no
+EPOCH, is never picked at random and does not count in the learning rule (which needs n_up beta green
+tokens); when it comes back it is told the current epoch if its own differs. A dispatcher that restarts
+numbers its epochs above the pools' (on their first contact), or, in a full view, adopts a later epoch
+another dispatcher started.
 """
 
 from __future__ import annotations
@@ -108,6 +123,8 @@ class SLTADispatcher(DispatcherSide):
         self.members = [[k for k in range(self.n) if self.node_class[k] == i] for i in range(self.m)]
         self.r = 1
         self.epoch = 0
+        self.k = exp.policy.dispatchers
+        self.full = exp.policy.view == "full" and self.k > 1  # every task in the picture, one shared r
         self.green = [TokenSet() for _ in range(self.m)]
         self.yellow = TokenSet()
         self.bits: list[Bits] = [(False, False)] * self.n
@@ -176,22 +193,37 @@ class SLTADispatcher(DispatcherSide):
             messages = self._move(r + 1)
         return Route(node, outcome, messages, piggyback)
 
+    def _next_epoch(self, after: int) -> int:
+        """Our next epoch number after ``after``: the first above it that is ours (index modulo K), so
+        that the epochs of several dispatchers never coincide (with one: after + 1)."""
+        return after + (self.index - after - 1) % self.k + 1
+
+    def _changed(self, r_old: int, r_new: int) -> list[int]:
+        """Set r and recompute the bits of every pool whose class's thresholds changed; those pools."""
+        self.r = r_new
+        out = []
+        for i in range(self.m):
+            if self.th.context(i, r_old) != self.th.context(i, r_new):
+                for k in self.members[i]:
+                    self._refresh(k)
+                    out.append(k)
+        return out
+
     def _move(self, r_new: int) -> tuple[Message, ...]:
         """Change r, recompute the bits of every pool whose class's thresholds changed, tell those pools."""
-        r_old = self.r
-        self.r = r_new
-        self.epoch += 1
-        out: list[Message] = []
+        self.epoch = self._next_epoch(self.epoch)
         down = self.live.down
-        for i in range(self.m):
-            if self.th.context(i, r_old) == self.th.context(i, r_new):
-                continue
-            for k in self.members[i]:
-                bits = self._refresh(k)
-                if k not in down:  # told when it comes back
-                    out.append(self._epoch_message(k, bits))
-        self.unsettled = {m.node for m in out}
-        return tuple(out)
+        told = [k for k in self._changed(self.r, r_new) if k not in down]  # the others: when they are back
+        self.unsettled = set(told)
+        return tuple(self._epoch_message(k, self.bits[k]) for k in told)
+
+    def _adopt(self, epoch: int, r: int) -> None:
+        """Full view: another dispatcher started a later epoch; take its r (we told no pool of it)."""
+        if not 1 <= r <= MAX_R:
+            raise ValueError(f"r must lie in 1..{MAX_R}, got {r!r}")
+        self.epoch = epoch
+        self.unsettled = set()
+        self._changed(self.r, r)
 
     def _epoch_message(self, k: int, bits: Bits) -> Message:
         return Message("epoch", k, (self.epoch, self.r, self.seen_seq[k], *bits), self.index)
@@ -199,31 +231,32 @@ class SLTADispatcher(DispatcherSide):
     def on_message(self, msg: Message) -> tuple[Message, ...]:
         if not msg.kind.startswith("token_"):
             return super().on_message(msg)
-        if len(msg.data) != 6:
+        if len(msg.data) != 7:
             raise ValueError(
-                f"an SLTA token is (epoch, r, seq, green, yellow, tasks), got {len(msg.data)} values"
+                f"an SLTA token is (epoch, r, seq, green, yellow, tasks, arrived), got {len(msg.data)} values"
             )
-        epoch, _r, seq, _g, _y, x = msg.data
-        if not (_count(seq) and _count(x)):
-            raise ValueError(f"seq and tasks must be integers >= 0, got {seq!r} and {x!r}")
+        epoch, r, seq, _g, _y, x, arrived = msg.data
+        if not (_count(seq) and _count(x) and _count(arrived) and _count(epoch) and _count(r)):
+            raise ValueError("epoch, r, seq, tasks and arrived must be integers >= 0")
         k = msg.node
+        if self.full and epoch > self.epoch:
+            self._adopt(epoch, r)
         if msg.kind == "token_epoch" and epoch == self.epoch:
             self.unsettled.discard(k)
         answer = msg.kind == "token_epoch" and seq == self.seen_seq[k]  # an answer with no event since
         if seq < self.seen_seq[k] or (seq == self.seen_seq[k] and not answer):
             self.stale_tokens += 1  # a duplicate, or overtaken by a later token of the same pool
             return NO_MESSAGES
-        self._apply(k, seq, x)
+        self._apply(k, seq, x, arrived)
         return NO_MESSAGES
 
-    def _apply(self, k: int, seq: int, x: int) -> None:
-        """A pool's count ``x`` after ``seq`` task events, newer than what we applied."""
+    def _apply(self, k: int, seq: int, x: int, arrived: int) -> None:
+        """A pool's count ``x`` after ``seq`` task events, newer than what we applied, when ``arrived`` of
+        our tasks had reached it."""
         self.seen_seq[k] = seq
-        # seq = arrivals + departures and x = arrivals - departures at the pool when it sent the token; the
-        # tasks we sent that it had not received yet come on top of x. A pool that received more than we
-        # sent (tasks sent to it by someone else, as the cluster benchmark does, or a task we counted as
+        # the tasks we sent that it had not received yet come on top of x. A pool that received more than
+        # we sent (tasks sent to it by someone else, as the cluster benchmark does, or a task we counted as
         # lost that ran all the same) sets the count of tasks sent to it anew.
-        arrived = (seq + x) // 2
         self.sent[k] = max(self.sent[k], arrived)
         self.xhat[k] = x + self.sent[k] - arrived
         self._refresh(k)
@@ -235,19 +268,24 @@ class SLTADispatcher(DispatcherSide):
 
     # ------------------------------------------------------------------------------------------ faults
 
-    @staticmethod
-    def _report(report: Sequence[Any]) -> tuple[int, int, int, int]:
-        if len(report) != 4:
-            raise ValueError(f"an SLTA report is (x, seq, epoch, r), got {len(report)} values")
-        x, seq, epoch, r = report
-        if not (_count(x) and _count(seq) and _count(epoch) and _count(r)):
+    def _report(self, report: Sequence[Any]) -> tuple[int, int, int, int, int]:
+        """Our five of a pool's report: (x, seq, epoch, r, arrived) per dispatcher, in dispatcher order."""
+        if len(report) != 5 * self.k:
+            raise ValueError(
+                f"an SLTA report is (x, seq, epoch, r, arrived) per dispatcher ({self.k}), "
+                f"got {len(report)} values"
+            )
+        x, seq, epoch, r, arrived = report[5 * self.index : 5 * self.index + 5]
+        if not all(_count(v) for v in (x, seq, epoch, r, arrived)):
             raise ValueError(f"an SLTA report holds integers >= 0, got {tuple(report)!r}")
-        return x, seq, epoch, r
+        return x, seq, epoch, r, arrived
 
     def reconcile(self, node: int, report: tuple[int, ...]) -> tuple[Message, ...]:
-        x, seq, _epoch, _r = self._report(report)
+        x, seq, epoch, r, arrived = self._report(report)
+        if self.full and epoch > self.epoch:
+            self._adopt(epoch, r)
         if seq > self.seen_seq[node]:
-            self._apply(node, seq, x)  # the tokens that would have said so were lost
+            self._apply(node, seq, x, arrived)  # the tokens that would have said so were lost
         return NO_MESSAGES
 
     def awaiting(self) -> Collection[int]:
@@ -265,20 +303,22 @@ class SLTADispatcher(DispatcherSide):
             self.green_needed = len(self.live.up) * self.beta
 
     def on_node_up(self, node: int, report: tuple[int, ...], fresh: bool) -> tuple[Message, ...]:
-        x, seq, epoch, r = self._report(report)
+        x, seq, epoch, r, arrived = self._report(report)
         if self.live.set_up(node):
             self.green_needed = len(self.live.up) * self.beta
         if fresh:  # nothing of ours on its way there: its counts are the whole truth
             self.seen_seq[node] = seq
-            self.sent[node] = (seq + x) // 2
+            self.sent[node] = arrived
             self.xhat[node] = x
         elif seq > self.seen_seq[node]:
-            self._apply(node, seq, x)
+            self._apply(node, seq, x, arrived)
+        if self.full and epoch > self.epoch and epoch % self.k != self.index:
+            self._adopt(epoch, r)  # another dispatcher's later epoch
         bits = self._refresh(node)
         if epoch > self.epoch or (epoch == self.epoch and r != self.r):
             # a restarted dispatcher meets the pools' epochs of its previous life: ours must come after them
             # (an equal number with another r is one of those too)
-            self.epoch = epoch + 1
+            self.epoch = self._next_epoch(epoch)
         if epoch == self.epoch:
             return NO_MESSAGES
         self.unsettled.add(node)
@@ -298,7 +338,8 @@ class SLTADispatcher(DispatcherSide):
 
 
 class SLTANode(NodeSide):
-    """A pool's half: reports every departure with its task count and answers every epoch."""
+    """A pool's half: reports every departure with its task count and answers every epoch (module
+    docstring); with several dispatchers, per dispatcher (local view) or to all of them (full view)."""
 
     def __init__(
         self,
@@ -310,14 +351,36 @@ class SLTANode(NodeSide):
     ) -> None:
         super().__init__(exp, node, rng, dispatchers)
         self.th = thresholds or Thresholds(ranking_of(exp))
-        self.epoch, self.r = 0, 1
-        self.seq = 0  # task events so far: arrivals plus departures
+        k = max(1, dispatchers)
+        self.full = exp.policy.view == "full" and k > 1
+        own = 1 if self.full else k  # one (epoch, r, events) for all, or one per dispatcher
+        self.epoch, self.r = [0] * own, [1] * own
+        self.seq = [0] * own  # task events so far (of that dispatcher's tasks): arrivals plus departures
+        self.arrived = [0] * k  # tasks of each dispatcher received
+        self.departed = [0] * k
 
-    def _token(self, kind: str, x: int, to: int) -> tuple[Message, ...]:
-        g, y = self.th.true_bits(self.cls, x, self.r)
-        return (Message(kind, self.node, (self.epoch, self.r, self.seq, g, y, x), to),)
+    def _slot(self, d: int) -> int:
+        return 0 if self.full else d
 
-    def _adopt(self, data: Sequence[object]) -> None:
+    def _tasks(self, d: int, x: int) -> int:
+        """The task count dispatcher d is told: the pool's, or (local view) of d's tasks."""
+        return x if self.full or self.dispatchers <= 1 else self.arrived[d] - self.departed[d]
+
+    def _token(self, kind: str, x: int, to: int) -> Message:
+        i, tasks = self._slot(to), self._tasks(to, x)
+        g, y = self.th.true_bits(self.cls, tasks, self.r[i])
+        return Message(
+            kind, self.node, (self.epoch[i], self.r[i], self.seq[i], g, y, tasks, self.arrived[to]), to
+        )
+
+    def _tokens(self, kind: str, x: int, origin: int, to_origin: bool = True) -> tuple[Message, ...]:
+        """The token for ``origin`` (local view) or for every dispatcher (full view; the origin's only if
+        ``to_origin``)."""
+        if not self.full:
+            return (self._token(kind, x, origin),) if to_origin else NO_MESSAGES
+        return tuple(self._token(kind, x, e) for e in range(self.dispatchers) if to_origin or e != origin)
+
+    def _adopt(self, i: int, data: Sequence[object]) -> None:
         """Take the epoch and r a dispatcher sent, unless a later epoch arrived first."""
         if len(data) != 5:
             raise ValueError(f"an SLTA belief is (epoch, r, seen, green, yellow), got {len(data)} values")
@@ -328,29 +391,39 @@ class SLTANode(NodeSide):
             raise ValueError("epoch, r and seen must be integers")
         if not 1 <= r <= MAX_R or epoch < 0:
             raise ValueError(f"r must lie in 1..{MAX_R} and the epoch must not be negative")
-        if epoch < self.epoch:
+        if epoch < self.epoch[i]:
             return  # overtaken by a later epoch message, which already counts this one
-        self.epoch, self.r = epoch, r
+        self.epoch[i], self.r[i] = epoch, r
 
     def on_arrival(self, x: int, origin: int, piggyback: tuple[object, ...]) -> tuple[Message, ...]:
-        # nothing to report: the dispatcher counted this task itself, and its picture never shows a token
+        # nothing to report to the origin: it counted this task itself, and its picture never shows a token
         # that the pool lacks (it counts every task it sent, and departures only once reported)
-        self.seq += 1
+        i = self._slot(origin)
+        self.seq[i] += 1
+        self.arrived[origin] += 1
         if piggyback:
-            self._adopt(piggyback)
-        return NO_MESSAGES
+            self._adopt(i, piggyback)
+        return self._tokens("token_arrival", x, origin, to_origin=False)
 
     def on_departure(self, x: int, origin: int) -> tuple[Message, ...]:
-        self.seq += 1
-        return self._token("token_departure", x, origin)
+        self.seq[self._slot(origin)] += 1
+        self.departed[origin] += 1
+        return self._tokens("token_departure", x, origin)
 
     def report(self, x: int) -> tuple[int, ...]:
-        return (x, self.seq, self.epoch, self.r)
+        out: list[int] = []
+        for d in range(len(self.arrived)):
+            i = self._slot(d)
+            out += (self._tasks(d, x), self.seq[i], self.epoch[i], self.r[i], self.arrived[d])
+        return tuple(out)
 
     def on_message(self, msg: Message, x: int) -> tuple[Message, ...]:
         if msg.kind != "epoch":
             return super().on_message(msg, x)
-        self._adopt(msg.data)
+        if not 0 <= msg.dispatcher < len(self.arrived):
+            raise ValueError(f"no dispatcher {msg.dispatcher} in this cluster")
+        self._adopt(self._slot(msg.dispatcher), msg.data)
         # always answer an epoch, with the count: the dispatcher lowers r only once every told pool has
-        # answered, and a class whose reach grew needs the counts at its new top
-        return self._token("token_epoch", x, msg.dispatcher)
+        # answered, and a class whose reach grew needs the counts at its new top; in a full view every
+        # dispatcher hears the answer, and with it the new epoch and r
+        return self._tokens("token_epoch", x, msg.dispatcher)

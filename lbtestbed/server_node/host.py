@@ -24,7 +24,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Histogram
 
 from lbtestbed.model.distributions import BlockSampler
-from lbtestbed.model.spec import Experiment, seed_sequence, seeded_random
+from lbtestbed.model.spec import Experiment, message_kinds, seed_sequence, seeded_random
 from lbtestbed.model.workload import Task
 from lbtestbed.policies import DISPATCHER_BOUND, NODE_BOUND, Message, NodeSide, make_node_sides
 from lbtestbed.server_node.models import INF, NodeModel, make_node
@@ -74,7 +74,9 @@ class NodeHost:
         self.sent: Counter[str] = Counter()
         self.piggybacked: Counter[str] = Counter()  # of those sent, how many rode on a task's reply
         # every kind it sends starts at 0: the first failure is then an increase Prometheus sees
-        self.send_failures: Counter[str] = Counter({k: 0 for k in DISPATCHER_BOUND[exp.policy.name]})
+        self.send_failures: Counter[str] = Counter(
+            {k: 0 for k in message_kinds(exp.policy) if k in DISPATCHER_BOUND[exp.policy.name]}
+        )
         self.received: Counter[str] = Counter()
         self.refused: Counter[int] = Counter()
         self.peers = Peers(wire.bearer(token))  # to the dispatchers: state messages
@@ -304,7 +306,7 @@ class NodeHost:
         ride: list[Message] = []
         now = time.monotonic()
         for i, m in enumerate(msgs):
-            self.ages.observe(m.kind, wire.sent_at(body["messages"][i]), now)
+            self.ages.observe(m, wire.sent_at(body["messages"][i]), now)
             try:
                 out = self.sides[k].on_message(m, self.models[k].x)
             except (ValueError, TypeError, AssertionError) as e:

@@ -125,14 +125,24 @@ def sent_at(obj: Any) -> float | None:
 
 #: the most recent message ages each process keeps per kind for ``GET /v1/timings``
 AGES_KEPT = 50_000
+#: the most recent ages it keeps message by message (``message_key``), for the twin to replay each one
+KEYED_KEPT = 500_000
 #: histogram buckets of wall-second legs and ages: 50 µs to 2.5 s
 WALL_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+def message_key(m: Message) -> str:
+    """What names one state message of a run: its kind, node, dispatcher and data (every kind's data holds
+    a number that grows with each message of a node: a token's arrivals count, a notice's counts, a
+    token's event number), so that the twin finds the age the cluster measured for the same message."""
+    return f"{m.kind}:{m.node}:{m.dispatcher}:{','.join(map(str, m.data))}"
 
 
 class MessageAges:
     """The age of every state message a process applied (its apply instant minus the sender's ``sent``),
     by kind: the histogram ``lbtestbed_<role>_message_age_seconds{kind}`` in wall seconds, and the most
-    recent ages in model seconds for ``GET /v1/timings`` (the twin simulation draws its delays from them)."""
+    recent ages in model seconds for ``GET /v1/timings``, by kind (the twin draws from them) and message
+    by message (``message_key``: the twin replays each message's own age where it sends the same one)."""
 
     def __init__(self, role: str, registry: Any, scale: float) -> None:
         from prometheus_client import Histogram
@@ -147,23 +157,29 @@ class MessageAges:
         self.scale = scale
         self.recent: dict[str, deque[float]] = {}  # messages sent on a request of their own
         self.riders: dict[str, deque[float]] = {}  # messages that rode on the reply to a request
+        self.keyed: dict[str, float] = {}  # by message_key, oldest first
 
-    def observe(self, kind: str, sent: float | None, now: float, rider: bool = False) -> None:
+    def observe(self, m: Message, sent: float | None, now: float, rider: bool = False) -> None:
         if sent is None:
             return
         age = max(0.0, now - sent)
-        self.histogram.labels(kind).observe(age)
+        self.histogram.labels(m.kind).observe(age)
         into = self.riders if rider else self.recent
-        kept = into.get(kind)
+        kept = into.get(m.kind)
         if kept is None:
-            kept = into[kind] = deque(maxlen=AGES_KEPT)
+            kept = into[m.kind] = deque(maxlen=AGES_KEPT)
         kept.append(age / self.scale)
+        keyed = self.keyed
+        keyed[message_key(m)] = age / self.scale
+        if len(keyed) > KEYED_KEPT:
+            del keyed[next(iter(keyed))]
 
     def to_json(self) -> dict[str, Any]:
         """``GET /v1/timings``'s body (ages in model seconds, and the time scale that converts them)."""
         return {
             "message_ages": {kind: list(ages) for kind, ages in sorted(self.recent.items())},
             "rider_ages": {kind: list(ages) for kind, ages in sorted(self.riders.items())},
+            "keyed_ages": self.keyed,
             "time_scale": self.scale,
         }
 

@@ -21,8 +21,7 @@ import numpy as np
 from lbtestbed.analysis.measurement.scrape import ScrapeError, Snapshot
 from lbtestbed.analysis.results.raw import RawRun
 from lbtestbed.loadgen.openloop import TaskRecord
-from lbtestbed.model.spec import Experiment
-from lbtestbed.policies import MESSAGE_KINDS
+from lbtestbed.model.spec import Experiment, message_kinds
 
 NODE_CLOCK = "lbtestbed_node_model_seconds_total"
 OCCUPANCY = "lbtestbed_node_occupancy_model_seconds_total"
@@ -140,7 +139,7 @@ def _all_batches(exp: Experiment, snaps: Sequence[Snapshot], records: Sequence[T
     B = len(snaps) - 1
     if B < 1:
         raise ValueError("a measured window needs at least two snapshots")
-    kinds = MESSAGE_KINDS[exp.policy.name]
+    kinds = message_kinds(exp.policy)
     raw = RawRun(batches=B, message_kinds=kinds)
     tot = [totals(exp, s) for s in snaps]
     pairs = list(itertools.pairwise(tot))

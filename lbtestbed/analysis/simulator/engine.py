@@ -22,10 +22,9 @@ import numpy as np
 
 from lbtestbed.analysis.results.raw import RawRun
 from lbtestbed.model.distributions import BlockSampler
-from lbtestbed.model.spec import MAX_DISPATCHERS, Experiment, seed_sequence, seeded_random
+from lbtestbed.model.spec import MAX_DISPATCHERS, Experiment, message_kinds, seed_sequence, seeded_random
 from lbtestbed.model.workload import DispatcherSplit, PoissonWorkload, Task
 from lbtestbed.policies import (
-    MESSAGE_KINDS,
     DispatcherSide,
     Message,
     NodeSide,
@@ -85,7 +84,7 @@ class Simulator:
             make_dispatcher(exp, _own_stream(exp, replication, i), i, k) for i in range(1, k)
         ]
         self.split = DispatcherSplit(exp, replication)
-        self.sides = make_node_sides(exp, policy_rng, dispatchers=k)
+        self.sides = make_node_sides(exp, policy_rng, dispatchers=k, replication=replication)
         self.nodes: list[NodeModel] = [
             make_node(exp.classes[c].discipline, s, exp.classes[c].utility)
             for c, s in zip(exp.node_class, exp.node_speeds, strict=True)
@@ -114,12 +113,12 @@ class Simulator:
         self.tot_last = 0.0
         self.tot_area = 0.0
         self.tot_area2 = 0.0
-        self.slta = self.dispatcher if isinstance(self.dispatcher, SLTADispatcher) else None
-        self.r = 1
+        self._bind_slta()
+        self.r: float = 1
         self.r_last = 0.0
         self.r_area = 0.0
         self.events = 0
-        kinds = MESSAGE_KINDS[exp.policy.name]
+        kinds = message_kinds(exp.policy)
         self.kinds = kinds
         B = self.B
         self.msg_counts = {kind: [0] * B for kind in kinds}
@@ -129,10 +128,25 @@ class Simulator:
         self.sojourn = [[] for _ in range(B)]  # type: list[list[float]]
         self.sojourn_class = [[[] for _ in range(B)] for _ in exp.classes]  # type: list[list[list[float]]]
         self.decisions: Counter[str] = Counter()
-        self.r_time: defaultdict[int, float] = defaultdict(float)
-        self.r_series: list[tuple[float, int]] = []
+        self.r_time: defaultdict[float, float] = defaultdict(float)
+        self.r_series: list[tuple[float, float]] = []
         self.snapshots: list[dict[str, object]] = []
         self.is_fcfs = [n.discipline == "fcfs" for n in self.nodes]
+
+    def _bind_slta(self) -> None:
+        """SLTA's learned index: ``slta`` is dispatcher 0; with several, ``slta_all`` holds them all and
+        the measured r is their mean, which any message may change (a full view adopts r from tokens)."""
+        d0 = self.dispatcher
+        self.slta = d0 if isinstance(d0, SLTADispatcher) else None
+        several = self.slta is not None and len(self.dispatchers) > 1
+        self.slta_all = [d for d in self.dispatchers if isinstance(d, SLTADispatcher)] if several else []
+
+    def _r_follow(self) -> None:
+        """Several SLTA dispatchers: integrate their mean r, if it changed since the last event."""
+        total, k = sum(d.r for d in self.slta_all), len(self.slta_all)
+        r = total // k if total % k == 0 else total / k  # an integer while they agree
+        if r != self.r:
+            self._r_changes(self.now, r)
 
     # ------------------------------------------------------------------------------------- plumbing
 
@@ -143,15 +157,15 @@ class Simulator:
         if self.batch >= 0:
             self.msg_counts[kind][self.batch] += times
 
-    def _message_delay(self, kind: str, answer: bool) -> float | None:
-        """How long a state message of ``kind`` travels (None: it arrives at once); ``answer``: it answers
-        a message of the receiver's. The spec's network delay; the twin draws measured ages instead."""
+    def _message_delay(self, m: Message, answer: bool) -> float | None:
+        """How long the state message ``m`` travels (None: it arrives at once); ``answer``: it answers a
+        message of the receiver's. The spec's network delay; the twin replays measured ages instead."""
         return self.delay() if self.delay is not None else None
 
     def _to_dispatcher(self, msgs: tuple[Message, ...], answer: bool = False) -> None:
         for m in msgs:
             self._count(m.kind)
-            delay = self._message_delay(m.kind, answer)
+            delay = self._message_delay(m, answer)
             if delay is not None:
                 self._push(self.now + delay, _AT_DISPATCHER, m)
             else:
@@ -162,7 +176,7 @@ class Simulator:
     def _to_nodes(self, msgs: tuple[Message, ...]) -> None:
         for m in msgs:
             self._count(m.kind)
-            delay = self._message_delay(m.kind, False)
+            delay = self._message_delay(m, False)
             if delay is not None:
                 self._push(self.now + delay, _AT_NODE, m)
             else:
@@ -186,7 +200,7 @@ class Simulator:
         self.tot_last = t
         self.in_system = n + step
 
-    def _r_changes(self, t: float, r: int) -> None:
+    def _r_changes(self, t: float, r: float) -> None:
         dt = t - self.r_last
         self.r_area += self.r * dt
         if self.batch >= 0:
@@ -230,7 +244,7 @@ class Simulator:
     def _route(self, task: Task, route: Route) -> None:
         if task.batch >= 0:
             self.decisions[route.outcome] += 1
-        if self.slta is not None and self.slta.r != self.r:
+        if self.slta is not None and not self.slta_all and self.slta.r != self.r:
             self._r_changes(self.now, self.slta.r)
         if self.delay_tasks:
             assert self.delay is not None
@@ -398,6 +412,8 @@ class Simulator:
                         self.events -= 1  # a stale completion is no model event
                 else:
                     self._heap_event(kind, a, b)
+            if self.slta_all:
+                self._r_follow()
             if not self.events & 0xFFFF:
                 self._tick(t, drain_until, report)
 

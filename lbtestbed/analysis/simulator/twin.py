@@ -13,8 +13,9 @@ the same policy objects and node models (docs/run.md, "The twin"):
   completion instant to the dispatcher, and the client after the delay to the client; the task counts
   as in the system (``tasks_in_system``) from the dispatcher's accept until its answer is ready, as the
   dispatcher's own integral counts it;
-* a state message sent on its own request reaches its receiver after a delay drawn (seeded) from the
-  ages the cluster's receivers measured for messages of that kind;
+* a state message reaches its receiver after the age the cluster measured for the same message (the same
+  kind, node, dispatcher and data: ``wire.message_key``), where the cluster sent it too; otherwise after
+  a delay drawn (seeded) from the ages the cluster's receivers measured for messages of that kind;
 * the measured window, its batches and the sojourns (from the intended send to the client's receipt) are
   cut as the cluster cuts them, so that the cluster and its twin are compared batch by batch.
 
@@ -43,7 +44,7 @@ from lbtestbed.analysis.simulator.engine import (
 from lbtestbed.model.spec import Experiment, seeded_random
 from lbtestbed.model.workload import DispatcherSplit, Task
 from lbtestbed.policies import Message, Probe, Route, make_dispatcher
-from lbtestbed.policies.slta import SLTADispatcher
+from lbtestbed.transport.wire import message_key
 
 # the twin's own events in the heap (the engine's are 0..6)
 _ACCEPT, _PROBE_READ, _RESOLVE, _NOTIFY, _LEAVE = range(10, 15)
@@ -60,6 +61,7 @@ class Emulation:
     legs: Mapping[float, Legs]  # by intended arrival time: the legs of each completed task
     message_ages: Mapping[str, Sequence[float]] = field(default_factory=dict)  # sent on their own request
     rider_ages: Mapping[str, Sequence[float]] = field(default_factory=dict)  # on the reply to a request
+    keyed_ages: Mapping[str, float] = field(default_factory=dict)  # message by message (wire.message_key)
     riders: bool = True  # messages for a task's dispatcher rode on the task's reply (no emulated delay)
     # the random stream of the dispatcher's policy: the cluster's dispatcher 0 draws from stream 1000, so
     # that the twin breaks ties as it did where their states agree (0: the simulator's own stream)
@@ -86,7 +88,7 @@ class TwinSimulator(Simulator):
                 for i in range(k)
             ]
             self.dispatcher = self.dispatchers[0]
-            self.slta = self.dispatcher if isinstance(self.dispatcher, SLTADispatcher) else None
+            self._bind_slta()
         self.delay = None  # the measured delays replace the spec's emulated ones: they include them
         self.delay_tasks = False
         median = emulation.median_legs()
@@ -105,9 +107,14 @@ class TwinSimulator(Simulator):
 
     # ----------------------------------------------------------------------------- message delays
 
-    def _message_delay(self, kind: str, answer: bool) -> float | None:
-        """A measured age of a message of ``kind`` (an answer rides on the reply to its message: the ages
-        of riders first); None, at once, where the cluster measured none."""
+    def _message_delay(self, m: Message, answer: bool) -> float | None:
+        """The age the cluster measured for ``m`` itself; else a measured age of a message of its kind (an
+        answer rides on the reply to its message: the ages of riders first); None, at once, where the
+        cluster measured none."""
+        age = self.emulation.keyed_ages.get(message_key(m))
+        if age is not None:
+            return age if age > 0.0 else None
+        kind = m.kind
         pool = self.ages.get(kind)
         if answer:
             pool = self.rider_ages.get(kind) or pool
@@ -145,7 +152,7 @@ class TwinSimulator(Simulator):
         (the dispatch time that remains), plus its measured forwarding time."""
         if task.batch >= 0:
             self.decisions[route.outcome] += 1
-        if self.slta is not None and self.slta.r != self.r:
+        if self.slta is not None and not self.slta_all and self.slta.r != self.r:
             self._r_changes(self.now, self.slta.r)
         forward = self.task_legs[task.id][2]
         self._push(self.now + still + forward, _TASK_AT_NODE, task, route)
