@@ -204,19 +204,74 @@ def test_two_dispatchers_make_jiq_wait_more_than_one_and_the_chain_tells_them_ap
     assert two[1] - one[1] > 5 * sim_two["ci95"]
 
 
-@pytest.mark.parametrize("policy", ["random", "power_of_d", "jiq"])
-def test_theory_that_k_does_not_change_stays_and_says_so(policy: str) -> None:
-    """random and power_of_d predict the same with any K; JIQ's limit stands with equal dispatcher
-    loads, and its notes add that assumption and cite van der Boor et al. 2017 (docs/theory.md)."""
+@pytest.mark.parametrize("policy", ["random", "power_of_d"])
+def test_theory_that_k_does_not_change_stays(policy: str) -> None:
+    """random and power_of_d predict the same with any K."""
     from lbtestbed.analysis.theory.predict import predict
 
-    one = predict(jiq(1, **({"name": policy} if policy != "jiq" else {})))
-    four = predict(jiq(4, **({"name": policy} if policy != "jiq" else {})))
+    one, four = predict(jiq(1, name=policy)), predict(jiq(4, name=policy))
     for metric in ("mean_sojourn", "mean_tasks_per_node", "wait_probability"):
         assert four.metrics[metric]["value"] == one.metrics[metric]["value"] is not None
-    notes = [n for n in four.extras["notes"] if n["metric"] == "mean_sojourn"]
-    cited = any("1706.01059" in n["source"] and "4 dispatchers" in str(n["assumes"]) for n in notes)
-    assert cited == (policy == "jiq")
+
+
+def herd(dispatchers: int, **extra: object) -> Experiment:
+    return parse_spec(
+        {
+            "name": "herd",
+            "seed": 2,
+            "classes": [{"name": "s", "count": 24, "discipline": "fcfs"}],
+            "workload": {"load": 0.85, "service": {"dist": "exponential", "mean": 1.0}},
+            "policy": {"name": "jiq", "dispatchers": dispatchers, **extra},
+            "run": {"warmup": 10.0, "duration": 100.0},
+        }
+    )
+
+
+@pytest.mark.parametrize(("k", "d"), [(2, 1), (4, 1), (4, 2), (8, 3)])
+def test_jiq_with_k_dispatchers_predicts_lu_et_al_limit(k: int, d: int) -> None:
+    """JIQ-Random and JIQ-SQ(d) with n / K nodes per dispatcher (Lu et al. 2011, section 4), computed here
+    on their own: the fraction rho of dispatchers holding a token solves rho / (1 - rho) = r (1 - lambda)
+    (random), or sum_i rho^((d^i - 1)/(d - 1)) = r (1 - lambda) (SQ(d), solved by brentq); each node is
+    then an M/M/1 queue's busy periods at lambda' = lambda (1 - rho)."""
+    from scipy.optimize import brentq
+
+    from lbtestbed.analysis.theory.predict import predict
+
+    lam, m = 0.85, 24 / k * 0.15
+    if d == 1:
+        rho = m / (1 + m)
+    else:
+        rho = brentq(lambda x: sum(x ** ((d**i - 1) / (d - 1)) for i in range(1, 60)) - m, 0, 1 - 1e-12)
+    low = lam * (1 - rho)
+    result = predict(herd(k, d=d))
+    metrics = result.metrics
+    assert metrics["mean_sojourn"]["value"] == pytest.approx(1 / (1 - low), rel=1e-9)
+    assert metrics["mean_tasks_per_node"]["value"] == pytest.approx(lam / (1 - low), rel=1e-9)
+    assert metrics["wait_probability"]["value"] == pytest.approx((1 - rho) * lam, rel=1e-9)
+    tail = [e["value"] for e in metrics["occupancy_tail"]["s"]]
+    assert tail[:4] == pytest.approx([1, lam, lam * low, lam * low**2], rel=1e-9)
+    assert metrics["messages_per_task"]["value"] == pytest.approx((1 - low) * (1 + (2 * d if d > 1 else 0)))
+    notes = [n for n in result.extras["notes"] if n["metric"] == "mean_sojourn"]
+    assert "Lu et al. 2011" in notes[0]["source"] and "n / K = " in str(notes[0]["assumes"])
+    # more dispatchers, fewer tokens each: the wait grows with K (one dispatcher: the old limit, 0)
+    fewer = predict(herd(k // 2, d=min(d, k // 2))).metrics["wait_probability"]["value"]
+    assert metrics["wait_probability"]["value"] > fewer
+
+
+def test_a_full_view_has_the_theory_of_one_dispatcher() -> None:
+    """jsq and slta with a full view of K dispatchers predict what one dispatcher does, saying so; with
+    local views they have none."""
+    from lbtestbed.analysis.theory.predict import predict
+
+    for exp, metric in ((queues("jsq", 3, "full"), "mean_sojourn"), (pools("slta", 3, "full"), "utility")):
+        one = predict(dataclasses.replace(exp, policy=dataclasses.replace(exp.policy, dispatchers=1)))
+        full = predict(exp)
+        assert full.metrics[metric]["value"] == one.metrics[metric]["value"] is not None
+        note = next(n for n in full.extras["notes"] if n["metric"] == metric)
+        assert "full view" in str(note["assumes"])
+    local = predict(pools("slta", 3))
+    assert local.metrics["utility"]["value"] is None and local.metrics["slta_r"]["value"] is None
+    assert predict(queues("jsq", 3, "full")).metrics["messages_per_task"]["value"] == 5
 
 
 @pytest.mark.parametrize("policy", ["round_robin", "least_request", "jsq"])

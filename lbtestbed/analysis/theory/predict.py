@@ -13,7 +13,7 @@ from fractions import Fraction
 from typing import Any
 
 from lbtestbed.analysis.results.result import METRICS, Result
-from lbtestbed.analysis.theory import hetero_ps, queues, supermarket
+from lbtestbed.analysis.theory import dispatchers, hetero_ps, queues, supermarket
 from lbtestbed.analysis.theory.fluid import warmup_needed
 from lbtestbed.analysis.theory.numeric import bisect
 from lbtestbed.analysis.theory.pools import (
@@ -48,12 +48,25 @@ THEORY = "docs/theory.md"
 
 
 #: policies whose dispatchers, when there are several, each decide on their own partial view of the nodes
-LOCAL_VIEW = ("round_robin", "least_request", "jsq", "jlmu")
-MULTI_JIQ_PAPER = "van der Boor, Borst and van Leeuwaarden 2017 (arXiv 1706.01059)"
+#: (jsq, jlmu and slta unless their ``view`` is full)
+LOCAL_VIEW = ("round_robin", "least_request", "jsq", "jlmu", "slta")
+LU_PAPER = "Lu et al. 2011 (Performance Evaluation 68(11)), §4"
+FULL_VIEW = (
+    "a full view (policy.view = full): with exact delivery every dispatcher sees the true state and SLTA's "
+    "share one r, so K dispatchers decide as one"
+)
 
 
-def _local_view(exp: Experiment) -> str:
-    """Why a policy has no theory with several dispatchers."""
+def _local_view(exp: Experiment) -> bool:
+    """Whether the spec's several dispatchers each decide on a partial view of the nodes."""
+    pol = exp.policy
+    if pol.dispatchers == 1 or pol.name not in LOCAL_VIEW:
+        return False
+    return pol.name in ("round_robin", "least_request") or pol.view == "local"
+
+
+def _why_local(exp: Experiment) -> str:
+    """Why a policy on local views has no theory with several dispatchers."""
     return (
         f"{exp.policy.dispatchers} dispatchers, each deciding on its own view (its own tasks, its own "
         f"turn or counts: docs/spec.md, dispatchers and split): no result in the papers covers "
@@ -198,8 +211,8 @@ def predict(exp: Experiment) -> Result:
         policy = exp.policy.name
         if len(discs) > 1:
             p.null_many(QUEUE_METRICS, "mixed fcfs and ps nodes: every formula here assumes one discipline")
-        elif policy in LOCAL_VIEW and exp.policy.dispatchers > 1:
-            p.null_many(QUEUE_METRICS, _local_view(exp))
+        elif _local_view(exp):
+            p.null_many(QUEUE_METRICS, _why_local(exp))
         elif policy == "random":
             _static(exp, p, per_node=lambda s: _node_formula(exp, exp.workload.arrival_rate / exp.n, s))
         elif policy == "round_robin":
@@ -212,6 +225,14 @@ def predict(exp: Experiment) -> Result:
             _schemes(exp, p)
     else:
         p.null_many(QUEUE_METRICS, "mixed pools and queues: no formula covers them together")
+    if (
+        exp.policy.dispatchers > 1
+        and exp.policy.view == "full"
+        and exp.policy.name in ("jsq", "jlmu", "slta")
+    ):
+        for note in p.notes:
+            if "assumes" in note:
+                note["assumes"].append(FULL_VIEW)
     if work.dist != "exponential":
         p.notes.append(
             {
@@ -237,8 +258,19 @@ def _messages(exp: Experiment) -> tuple[float | None, str, str, list[str]]:
     if name in ("scheme1", "scheme2"):
         assert isinstance(d, tuple)
         return 2.0 * sum(d), f"2 sum(d_j) = {2 * sum(d)}", f"{PS_PAPER} §2; {SENDS}", []
+    k = exp.policy.dispatchers
+    if name in ("jsq", "jlmu") and exp.policy.view == "full" and k > 1:
+        return 2.0 * k - 1, f"2K - 1 = {2 * k - 1}: K - 1 arrival and K departure notices", SENDS, []
     if name in ("jsq", "jlmu"):
         return 1.0, "one departure notice per task", SENDS, []
+    if name == "jiq" and k > 1:
+        return (
+            None,
+            f"tokens per task with several dispatchers: Lu et al.'s limit gives them for equal speeds "
+            f"({_doc('Several dispatchers')})",
+            SENDS,
+            [],
+        )
     if name == "jiq":
         return (
             1.0,
@@ -323,8 +355,8 @@ def _pools(exp: Experiment, p: Prediction) -> None:
         )
         for c in exp.classes:
             p.tail(c.name, queues.poisson_tail(rho), "Poisson(rho) per pool", _doc("`random` on pools"))
-    elif policy == "jlmu" and exp.policy.dispatchers > 1:
-        p.null("utility", f"{_local_view(exp)}; the bounds above still hold")
+    elif _local_view(exp):
+        p.null_many(("utility", "slta_r"), f"{_why_local(exp)}; the bounds above still hold")
     elif policy in ("jlmu", "slta"):
         limit = ["n -> infinity (Theorem 2)", "exponential work"]
         if policy == "slta":
@@ -536,17 +568,14 @@ def _join_idle(exp: Experiment, p: Prediction) -> None:
     speed = _equal_speeds(exp)
     name = exp.policy.name
     src = f"Lu et al. 2011; Stolyar 2015; Foss & Stolyar 2017; {_doc('Classical results for JSQ and JIQ')}"
+    if speed is not None and name == "jiq" and exp.policy.dispatchers > 1:
+        _jiq_dispatchers(exp, p, speed)
+        return
     if speed is not None:
         rho = exp.work_rate / (exp.n * speed)
         limit = ["n -> infinity at fixed load < 1 (queueing vanishes)"]
         if name == "jiq":
             limit += ["exponential work, or load < 1/2 for general work (Foss-Stolyar)"]
-            if exp.policy.dispatchers > 1:
-                src = f"{MULTI_JIQ_PAPER}, abstract and introduction (equal loads); {src}"
-                limit += [
-                    f"{exp.policy.dispatchers} dispatchers with equal shares of the load, K fixed as n grows"
-                    + ("" if exp.policy.split == "random" else "; proved for Poisson arrivals at each")
-                ]
         p.set("mean_sojourn", work.mean / speed, "E[S]: every task finds an idle node", src, limit)
         p.set("mean_tasks_per_node", rho, "rho: one task per busy node", src, limit)
         p.set("tasks_in_system", exp.n * rho, "n rho", src, limit)
@@ -594,6 +623,62 @@ def _join_idle(exp: Experiment, p: Prediction) -> None:
         f"{HJSQ_PAPER} Thm 4.1; {_doc('Idle nodes in the diffusion limit')}",
         ["Halfin-Whitt diffusion limit", "exponential work", "approximation"],
     )
+
+
+def _jiq_dispatchers(exp: Experiment, p: Prediction, speed: float) -> None:
+    """JIQ-Random or JIQ-SQ(d) with K dispatchers, equal speeds: Lu et al.'s limit with n / K fixed, in
+    which a node's busy periods are an M/G/1 queue's at the reduced load lambda (1 - rho) (dispatchers.py)."""
+    work, pol = exp.workload.service, exp.policy
+    k, d = pol.dispatchers, pol.d if isinstance(pol.d, int) else 1
+    load = exp.work_rate / (exp.n * speed)
+    ratio = exp.n / k
+    rho = dispatchers.occupied_iqueues(ratio, load, d)
+    reduced = load * (1.0 - rho)
+    rule = "JIQ-Random" if d == 1 else f"JIQ-SQ({d})"
+    fixed = (
+        f"n -> infinity with n / K = {ratio:.4g} nodes per dispatcher fixed ({rule}: rho = {rho:.4g} of the "
+        f"dispatchers hold a token, lambda' = lambda (1 - rho) = {reduced:.4g})"
+    )
+    limit = [fixed, "a token is never stale: an idle node sits in one idle queue (Lu et al.'s model)"]
+    if pol.split != "random":
+        limit.append("Poisson arrivals at each dispatcher (round_robin splits them evenly, not Poisson)")
+    src = f"{LU_PAPER}; {_doc('Several dispatchers')}"
+    node = _node_formula(exp, reduced * speed / work.mean, speed)
+    assert node is not None  # one discipline, fcfs or ps (checked by the caller)
+    p.set("mean_sojourn", node.mean_sojourn, "the mean sojourn of M/G/1 at load lambda'", src, limit)
+    p.set(
+        "mean_tasks_per_node",
+        load * node.mean_sojourn / (work.mean / speed),
+        "Little: lambda E[T]",
+        src,
+        limit,
+    )
+    p.set(
+        "tasks_in_system", exp.n * load * node.mean_sojourn / (work.mean / speed), "n lambda E[T]", src, limit
+    )
+    if exp.classes[0].discipline == "fcfs":
+        p.set(
+            "wait_probability",
+            (1.0 - rho) * load,
+            "(1 - rho) lambda: routed at random to a busy node",
+            src,
+            limit,
+        )
+    if node.tail is not None:
+        tail = [1.0] + [load * q for q in node.tail]  # node.tail: P(N' >= j) = lambda'^j of M/G/1
+        for c in exp.classes:
+            p.tail(c.name, tail, "P(N >= j) = lambda lambda'^(j-1), j >= 1", src, limit)
+    tokens = 1.0 - reduced
+    probes = 2 * d if d > 1 else 0
+    p.set(
+        "messages_per_task",
+        tokens * (1 + probes),
+        f"(1 - lambda') tokens per task{f', each after {d} probes and {d} answers' if probes else ''}",
+        src,
+        limit,
+    )
+    why = f"{rule} with {k} dispatchers: the limit gives the mean, not the sojourn's distribution"
+    p.null_many(("sojourn_p50", "sojourn_p99"), why)
 
 
 def _rate_support(exp: Experiment) -> tuple[float, float]:
