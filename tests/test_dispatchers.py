@@ -479,3 +479,21 @@ def test_slta_full_view_epochs_are_ordered_across_dispatchers_and_adopted() -> N
     assert two._next_epoch(two.epoch) == 2  # its next change comes after the adopted epoch
     one.on_message(answers[1])
     assert not one.unsettled - {m.node for m in moved[1:]}
+
+
+def test_results_of_systems_with_other_dispatchers_are_never_compared() -> None:
+    """A comparison of a run with one dispatcher and a run with two (or another view) is refused with one
+    line naming the setting; the same system compares."""
+    from lbtestbed.analysis.comparison.compare import Side, compare
+
+    one, two = queues("jiq", 1), queues("jiq", 2)
+    a = summarize(one, [simulate_once(one)])
+    b = summarize(two, [simulate_once(two)], source="twin")
+    with pytest.raises(ValueError, match="policy.dispatchers is 1 in one and 2 in the other"):
+        compare(Side(a), Side(b))
+    full, local = queues("jsq", 2, "full"), queues("jsq", 2)
+    c = summarize(full, [simulate_once(full)])
+    d = summarize(local, [simulate_once(local)], source="twin")
+    with pytest.raises(ValueError, match="policy.view"):
+        compare(Side(c), Side(d))
+    assert compare(Side(a), Side(summarize(one, [simulate_once(one)], source="twin")))

@@ -484,8 +484,9 @@ def run_experiment(
         simulation = summarize(exp, [sim_raw])
         raws["simulation"] = sim_raw
         say("simulating the twin: the same tasks with the delays the cluster measured")
-        twin_raw = simulate_twin(exp, emulation_of(exp, m))
+        twin_raw, replayed = simulate_twin(exp, emulation_of(exp, m))
         twin = summarize(exp, [twin_raw], source="twin")
+        twin.extras["message_ages_replayed"] = {k: {"own": a, "drawn": b} for k, (a, b) in replayed.items()}
         raws["twin"] = twin_raw
     theory = predict(exp)
     load = m.load.summary()

@@ -16,6 +16,7 @@ from lbtestbed.policies.slta import SLTADispatcher, SLTANode, Thresholds
 from lbtestbed.policies.static import RandomDispatcher, RoundRobinDispatcher
 
 __all__ = [
+    "MESSAGE_ID",
     "MESSAGE_KINDS",
     "DispatcherSide",
     "Message",
@@ -49,6 +50,19 @@ NODE_SIDES: dict[str, type[NodeSide]] = {
     "slta": SLTANode,
 }
 
+
+#: the positions of a message's data that name the event which made it (the rest is content that a
+#: simulation of the same run may compute otherwise): a token's round or event number, a notice's counts.
+#: Kinds not listed are named by all their data.
+MESSAGE_ID: dict[str, tuple[int, ...]] = {
+    "departure": (0, 1, 3),  # (arrived, departed), and a full view's event number
+    "arrival": (0, 1, 3),
+    "token_count": (0,),  # the round it answers
+    "token_departure": (2,),  # the pool's event number
+    "token_arrival": (2,),
+    "token_epoch": (0, 2),  # the epoch it answers, and the pool's event number
+    "epoch": (0,),
+}
 
 #: kinds a node accepts from a dispatcher (probes have their own endpoint)
 NODE_BOUND: dict[str, tuple[str, ...]] = {

@@ -18,6 +18,7 @@ from typing import Any
 from aiohttp import ClientPayloadError, web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from lbtestbed.policies import MESSAGE_ID
 from lbtestbed.policies.base import Message
 
 VERSION = "v1"
@@ -132,10 +133,13 @@ WALL_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2e-3, 5e-3, 0.01, 0.025, 0.05, 0
 
 
 def message_key(m: Message) -> str:
-    """What names one state message of a run: its kind, node, dispatcher and data (every kind's data holds
-    a number that grows with each message of a node: a token's arrivals count, a notice's counts, a
-    token's event number), so that the twin finds the age the cluster measured for the same message."""
-    return f"{m.kind}:{m.node}:{m.dispatcher}:{','.join(map(str, m.data))}"
+    """What names one state message of a run: its kind, node, dispatcher and the data that name the event
+    which made it (``MESSAGE_ID``: every kind's data holds a number that grows with each message of a node,
+    a token's arrivals count or round, a notice's counts, a pool's event number), so that the twin finds
+    the age the cluster measured for the same message."""
+    ids = MESSAGE_ID.get(m.kind)
+    data = m.data if ids is None else tuple(m.data[i] for i in ids if i < len(m.data))
+    return f"{m.kind}:{m.node}:{m.dispatcher}:{','.join(map(str, data))}"
 
 
 class MessageAges:

@@ -291,9 +291,26 @@ def compare_paired_tail(
 # --------------------------------------------------------------------------------------------- whole
 
 
+#: the settings two results must share to be compared: how many dispatchers ran, how they were fed and
+#: what each saw (a system with other dispatchers is another system)
+SAME_SYSTEM = ("dispatchers", "split", "view")
+
+
+def check_comparable(a: Result, b: Result) -> None:
+    """Refuse (ValueError, one line) to compare results of systems with different dispatchers."""
+    sa, sb = a.context.get("settings") or {}, b.context.get("settings") or {}
+    for key in SAME_SYSTEM:
+        if key in sa and key in sb and sa[key] != sb[key]:
+            raise ValueError(
+                f"cannot compare {a.source} with {b.source}: policy.{key} is {sa[key]!r} in one and "
+                f"{sb[key]!r} in the other"
+            )
+
+
 def compare(measured: Side, expected: Side, counts: bool = True) -> list[Verdict]:
     """Verdicts of ``measured`` against ``expected``, metric by metric in table order: paired when both
     carry batch data of the same window, unpaired otherwise (limit predictions never count)."""
+    check_comparable(measured.result, expected.result)
     subject = measured.name
     out: list[Verdict] = []
     is_paired = (

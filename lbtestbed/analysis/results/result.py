@@ -178,6 +178,7 @@ def summarize(exp: Experiment, raws: Sequence[RawRun], source: str = "simulation
             "batches": exp.run.batches,
             "dispatchers": exp.policy.dispatchers,
             "split": exp.policy.split,
+            "view": exp.policy.view,
             "replications": len(raws),
             "ci_method": "batch means" if len(raws) == 1 else "independent replications",
         },

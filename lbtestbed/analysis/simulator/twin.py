@@ -101,6 +101,8 @@ class TwinSimulator(Simulator):
         self.ages = {k: list(v) for k, v in emulation.message_ages.items() if len(v)}
         self.rider_ages = {k: list(v) for k, v in emulation.rider_ages.items() if len(v)}
         self.age_rng: random.Random = seeded_random(exp.seed, "network", 7000)
+        # per kind: [messages given their own measured age, messages given a drawn one]
+        self.replayed: dict[str, list[int]] = {}
         self.workload = _NoArrivals()  # type: ignore[assignment]
         # task i of the trace reached the dispatcher the generators sent it to: the spec's split, in order
         self.origins = DispatcherSplit(exp).take(len(emulation.tasks))
@@ -112,6 +114,8 @@ class TwinSimulator(Simulator):
         answer rides on the reply to its message: the ages of riders first); None, at once, where the
         cluster measured none."""
         age = self.emulation.keyed_ages.get(message_key(m))
+        tally = self.replayed.setdefault(m.kind, [0, 0])
+        tally[age is None] += 1
         if age is not None:
             return age if age > 0.0 else None
         kind = m.kind
@@ -229,6 +233,10 @@ class _NoArrivals:
         return INF, 0.0
 
 
-def simulate_twin(exp: Experiment, emulation: Emulation, progress: Progress | None = None) -> RawRun:
-    """The twin of a cluster run of ``exp`` (pure Python: the compiled engine does not take one)."""
-    return TwinSimulator(exp, emulation, progress).run()
+def simulate_twin(
+    exp: Experiment, emulation: Emulation, progress: Progress | None = None
+) -> tuple[RawRun, dict[str, list[int]]]:
+    """The twin of a cluster run of ``exp`` (pure Python: the compiled engine does not take one), and per
+    message kind how many messages it gave their own measured age and how many a drawn one."""
+    twin = TwinSimulator(exp, emulation, progress)
+    return twin.run(), twin.replayed
