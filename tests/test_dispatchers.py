@@ -489,11 +489,11 @@ def test_results_of_systems_with_other_dispatchers_are_never_compared() -> None:
     one, two = queues("jiq", 1), queues("jiq", 2)
     a = summarize(one, [simulate_once(one)])
     b = summarize(two, [simulate_once(two)], source="twin")
-    with pytest.raises(ValueError, match="policy.dispatchers is 1 in one and 2 in the other"):
+    with pytest.raises(ValueError, match=r"policy\.dispatchers is 1 in one and 2 in the other"):
         compare(Side(a), Side(b))
     full, local = queues("jsq", 2, "full"), queues("jsq", 2)
     c = summarize(full, [simulate_once(full)])
     d = summarize(local, [simulate_once(local)], source="twin")
-    with pytest.raises(ValueError, match="policy.view"):
+    with pytest.raises(ValueError, match=r"policy\.view"):
         compare(Side(c), Side(d))
     assert compare(Side(a), Side(summarize(one, [simulate_once(one)], source="twin")))

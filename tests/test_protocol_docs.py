@@ -447,13 +447,18 @@ async def test_live_answers_follow_the_documents(doc: dict[str, Any]) -> None:
             status, timings = await call(disp, "GET", "/v1/timings")
             assert status == 200 and timings["message_ages"] == {}
             assert timings["rider_ages"]["idle_token"] and min(timings["rider_ages"]["idle_token"]) >= 0
-            # and each one's own age under its key (kind:node:dispatcher:data): one per token that rode
+            # when each was sent (the node's monotonic clock), in the same order
+            sent = timings["rider_sent"]["idle_token"]
+            assert len(sent) == len(timings["rider_ages"]["idle_token"]) and sent == sorted(sent)
+            assert 0 <= time.monotonic() - sent[-1] < 5
+            # and each one's own age under its key (kind:node:dispatcher:id): one per token that rode
             keyed = timings["keyed_ages"]
             assert len(keyed) == len(timings["rider_ages"]["idle_token"])
             assert all(k.startswith("idle_token:") and v >= 0 for k, v in keyed.items())
             # the epoch posted to the SLTA node above carried no stamp: applied, but with no age
             status, timings = await call(slta_nodes, "GET", "/v1/timings")
-            empty = {"message_ages": {}, "rider_ages": {}, "keyed_ages": {}, "time_scale": 0.01}
+            empty = {"message_ages": {}, "message_sent": {}, "rider_ages": {}, "rider_sent": {}}
+            empty |= {"keyed_ages": {}, "time_scale": 0.01}
             assert status == 200 and timings == empty
             status, text = await call(disp, "GET", "/metrics")
             # a JIQ dispatcher: every documented family but SLTA's own integral of r

@@ -16,6 +16,8 @@ from lbtestbed.analysis.simulator.engine import Simulator
 from lbtestbed.analysis.simulator.twin import Emulation, TwinSimulator
 from lbtestbed.loadgen.openloop import poisson_tasks
 from lbtestbed.model.spec import Experiment, parse_spec
+from lbtestbed.policies import Message
+from lbtestbed.transport.wire import message_key
 
 QUEUES = {
     "name": "twin-queues",
@@ -119,6 +121,33 @@ def test_a_trace_that_ends_inside_the_window_ends_the_twin() -> None:
     assert raw.batches == exp.run.batches
     counts = raw.ratios["mean_sojourn"][1]
     assert counts[: exp.run.batches // 2].min() > 0 and counts[exp.run.batches // 2 + 1 :].max() == 0
+
+
+def test_a_message_gets_its_own_measured_age_else_the_age_of_the_message_sent_nearest_in_time() -> None:
+    """JIQ with two dispatchers sends tokens on requests of their own. A token the cluster measured (same
+    kind, node, dispatcher and arrivals count) arrives after its own age; any other after the age of the
+    cluster's token sent nearest in model time: here 0 before t = 100 and 0.4 from then on."""
+    exp = experiment(QUEUES, {"name": "jiq", "dispatchers": 2})
+    tasks = trace(exp)
+    legs = {t: (0.0,) * 6 for t, _ in tasks}
+    timeline = {"idle_token": [(t, 0.0 if t < 100 else 0.4) for t in np.arange(0.0, 220.0, 0.5)]}
+    seen: list[tuple[float, Message, float | None]] = []
+
+    class Watched(TwinSimulator):
+        def _message_delay(self, m: Message, answer: bool) -> float | None:
+            delay = super()._message_delay(m, answer)
+            seen.append((self.now, m, delay))
+            return delay
+
+    twin = Watched(exp, Emulation(tasks, legs, timeline))
+    twin.run()
+    assert twin.replayed == {"idle_token": [0, len(seen)]} and len(seen) > 100
+    assert all((delay is None) == (t < 99.75) for t, _, delay in seen)  # nearest: the switch at 99.75
+    first = seen[0][1]
+    again = Watched(exp, Emulation(tasks, legs, timeline, keyed_ages={message_key(first): 0.123}))
+    seen.clear()
+    again.run()
+    assert seen[0][1] == first and seen[0][2] == 0.123 and again.replayed["idle_token"][0] == 1
 
 
 # ------------------------------------------------------------------ what the twin assumes of the cluster

@@ -59,10 +59,10 @@ class Measurement:
     faults: list[dict[str, Any]] = field(default_factory=list)  # what the injector did, when
     health_events: list[dict[str, Any]] = field(default_factory=list)  # the dispatchers' down/up
     tasks: list[tuple[float, float]] = field(default_factory=list)  # the trace sent
-    # the ages every process measured for the messages it applied, model seconds, pooled by kind: sent on
-    # their own request, and riding on the reply to one
-    message_ages: dict[str, list[float]] = field(default_factory=dict)
-    rider_ages: dict[str, list[float]] = field(default_factory=dict)
+    # the ages every process measured for the messages it applied, pooled by kind, as (model time it was
+    # sent, age in model seconds) in sending order: sent on their own request, and riding on the reply to one
+    message_ages: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    rider_ages: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     keyed_ages: dict[str, float] = field(default_factory=dict)  # by wire.message_key
 
 
@@ -152,20 +152,29 @@ async def _health_events(
     return sorted(out, key=lambda e: e["model_time"])
 
 
+Timeline = dict[str, list[tuple[float, float]]]
+
+
 async def _timings(
-    session: aiohttp.ClientSession, f: ClusterFile
-) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, float]]:
-    """Every process's recent message ages (``GET /v1/timings``): pooled by kind, for messages on their
-    own requests and for riders, and message by message (wire.message_key)."""
-    own: dict[str, list[float]] = {}
-    riders: dict[str, list[float]] = {}
+    session: aiohttp.ClientSession, f: ClusterFile, origin: float, scale: float
+) -> tuple[Timeline, Timeline, dict[str, float]]:
+    """Every process's recent message ages (``GET /v1/timings``): pooled by kind as (model time sent, age),
+    in sending order, for messages on their own requests and for riders; and message by message
+    (wire.message_key). ``origin``: the monotonic instant of model time 0."""
+    own: Timeline = {}
+    riders: Timeline = {}
     keyed: dict[str, float] = {}
     for e in f.dispatchers + f.node_hosts:
         body = await _get_json(session, f"{e.url}/v1/timings")
-        for into, key in ((own, "message_ages"), (riders, "rider_ages")):
-            for kind, ages in (body.get(key) or {}).items():
-                into.setdefault(kind, []).extend(float(a) for a in ages)
+        for into, key in ((own, "message"), (riders, "rider")):
+            sent = body.get(f"{key}_sent") or {}
+            for kind, ages in (body.get(f"{key}_ages") or {}).items():
+                times = [(float(t) - origin) / scale for t in sent.get(kind, ())]
+                into.setdefault(kind, []).extend(zip(times, map(float, ages), strict=True))
         keyed.update((k, float(a)) for k, a in (body.get("keyed_ages") or {}).items())
+    for timeline in (own, riders):
+        for pairs in timeline.values():
+            pairs.sort()
     return own, riders, keyed
 
 
@@ -225,7 +234,7 @@ async def measure(
             if injecting is not None:
                 await injecting
             events = await _health_events(session, f, origin_unix, scale) if faulty else []
-            own_ages, rider_ages, keyed_ages = await _timings(session, f)
+            own_ages, rider_ages, keyed_ages = await _timings(session, f, origin, scale)
         finally:
             if sampler is not None:
                 sampler.cancel()
@@ -474,7 +483,8 @@ def run_experiment(
     directory.mkdir(parents=True, exist_ok=True)
     m = run_cluster(exp, directory, say, **cluster_options)
     cluster, raw = cluster_result(exp, m)
-    cluster.extras["overhead"] = overhead_of(m.load.records, exp.run.time_scale, m.message_ages, m.rider_ages)
+    ages = [{k: [a for _, a in v] for k, v in t.items()} for t in (m.message_ages, m.rider_ages)]
+    cluster.extras["overhead"] = overhead_of(m.load.records, exp.run.time_scale, *ages)
     write_records(directory / "tasks.csv", m.load.records)
     raws = {"cluster": raw}
     simulation = twin = None

@@ -125,7 +125,7 @@ def sent_at(obj: Any) -> float | None:
 
 
 #: the most recent message ages each process keeps per kind for ``GET /v1/timings``
-AGES_KEPT = 50_000
+AGES_KEPT = 200_000
 #: the most recent ages it keeps message by message (``message_key``), for the twin to replay each one
 KEYED_KEPT = 500_000
 #: histogram buckets of wall-second legs and ages: 50 µs to 2.5 s
@@ -159,8 +159,10 @@ class MessageAges:
             registry=registry,
         )
         self.scale = scale
-        self.recent: dict[str, deque[float]] = {}  # messages sent on a request of their own
-        self.riders: dict[str, deque[float]] = {}  # messages that rode on the reply to a request
+        # (sent, age in model seconds) of messages sent on a request of their own, and of those that rode
+        # on the reply to a request
+        self.recent: dict[str, deque[tuple[float, float]]] = {}
+        self.riders: dict[str, deque[tuple[float, float]]] = {}
         self.keyed: dict[str, float] = {}  # by message_key, oldest first
 
     def observe(self, m: Message, sent: float | None, now: float, rider: bool = False) -> None:
@@ -172,7 +174,7 @@ class MessageAges:
         kept = into.get(m.kind)
         if kept is None:
             kept = into[m.kind] = deque(maxlen=AGES_KEPT)
-        kept.append(age / self.scale)
+        kept.append((sent, age / self.scale))
         keyed = self.keyed
         keyed[message_key(m)] = age / self.scale
         if len(keyed) > KEYED_KEPT:
@@ -181,8 +183,10 @@ class MessageAges:
     def to_json(self) -> dict[str, Any]:
         """``GET /v1/timings``'s body (ages in model seconds, and the time scale that converts them)."""
         return {
-            "message_ages": {kind: list(ages) for kind, ages in sorted(self.recent.items())},
-            "rider_ages": {kind: list(ages) for kind, ages in sorted(self.riders.items())},
+            "message_ages": {kind: [a for _, a in kept] for kind, kept in sorted(self.recent.items())},
+            "message_sent": {kind: [s for s, _ in kept] for kind, kept in sorted(self.recent.items())},
+            "rider_ages": {kind: [a for _, a in kept] for kind, kept in sorted(self.riders.items())},
+            "rider_sent": {kind: [s for s, _ in kept] for kind, kept in sorted(self.riders.items())},
             "keyed_ages": self.keyed,
             "time_scale": self.scale,
         }

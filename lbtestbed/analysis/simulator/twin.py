@@ -14,8 +14,9 @@ the same policy objects and node models (docs/run.md, "The twin"):
   as in the system (``tasks_in_system``) from the dispatcher's accept until its answer is ready, as the
   dispatcher's own integral counts it;
 * a state message reaches its receiver after the age the cluster measured for the same message (the same
-  kind, node, dispatcher and data: ``wire.message_key``), where the cluster sent it too; otherwise after
-  a delay drawn (seeded) from the ages the cluster's receivers measured for messages of that kind;
+  kind, node, dispatcher and event: ``wire.message_key``), where the cluster sent it too; otherwise after
+  the age of the cluster's message of that kind sent nearest in model time (so that ages keep their
+  correlation with the load of the moment);
 * the measured window, its batches and the sojourns (from the intended send to the client's receipt) are
   cut as the cluster cuts them, so that the cluster and its twin are compared batch by batch.
 
@@ -26,8 +27,8 @@ checks, and whatever the cluster did that its legs do not show.
 
 from __future__ import annotations
 
+import bisect
 import math
-import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -59,8 +60,9 @@ class Emulation:
 
     tasks: Sequence[tuple[float, float]]  # the run's trace: (intended arrival time, work), in order
     legs: Mapping[float, Legs]  # by intended arrival time: the legs of each completed task
-    message_ages: Mapping[str, Sequence[float]] = field(default_factory=dict)  # sent on their own request
-    rider_ages: Mapping[str, Sequence[float]] = field(default_factory=dict)  # on the reply to a request
+    # per kind, (model time sent, age) in sending order: on their own request, on the reply to a request
+    message_ages: Mapping[str, Sequence[tuple[float, float]]] = field(default_factory=dict)
+    rider_ages: Mapping[str, Sequence[tuple[float, float]]] = field(default_factory=dict)
     keyed_ages: Mapping[str, float] = field(default_factory=dict)  # message by message (wire.message_key)
     riders: bool = True  # messages for a task's dispatcher rode on the task's reply (no emulated delay)
     # the random stream of the dispatcher's policy: the cluster's dispatcher 0 draws from stream 1000, so
@@ -98,9 +100,8 @@ class TwinSimulator(Simulator):
             if legs is None or not all(math.isfinite(x) for x in legs):
                 legs = median
             self.task_legs.append(tuple(max(0.0, x) for x in legs))  # type: ignore[arg-type]
-        self.ages = {k: list(v) for k, v in emulation.message_ages.items() if len(v)}
-        self.rider_ages = {k: list(v) for k, v in emulation.rider_ages.items() if len(v)}
-        self.age_rng: random.Random = seeded_random(exp.seed, "network", 7000)
+        self.ages = {k: _Timeline(v) for k, v in emulation.message_ages.items() if len(v)}
+        self.rider_ages = {k: _Timeline(v) for k, v in emulation.rider_ages.items() if len(v)}
         # per kind: [messages given their own measured age, messages given a drawn one]
         self.replayed: dict[str, list[int]] = {}
         self.workload = _NoArrivals()  # type: ignore[assignment]
@@ -110,22 +111,20 @@ class TwinSimulator(Simulator):
     # ----------------------------------------------------------------------------- message delays
 
     def _message_delay(self, m: Message, answer: bool) -> float | None:
-        """The age the cluster measured for ``m`` itself; else a measured age of a message of its kind (an
-        answer rides on the reply to its message: the ages of riders first); None, at once, where the
-        cluster measured none."""
+        """The age the cluster measured for ``m`` itself; else the age of its message of the same kind sent
+        nearest in time (an answer rides on the reply to its message: the riders first); None, at once,
+        where the cluster measured none."""
         age = self.emulation.keyed_ages.get(message_key(m))
         tally = self.replayed.setdefault(m.kind, [0, 0])
         tally[age is None] += 1
-        if age is not None:
-            return age if age > 0.0 else None
-        kind = m.kind
-        pool = self.ages.get(kind)
-        if answer:
-            pool = self.rider_ages.get(kind) or pool
-        pool = pool or self.rider_ages.get(kind)
-        if not pool:
-            return None
-        age = pool[int(self.age_rng.random() * len(pool))]
+        if age is None:
+            timeline = self.ages.get(m.kind)
+            if answer:
+                timeline = self.rider_ages.get(m.kind) or timeline
+            timeline = timeline or self.rider_ages.get(m.kind)
+            if timeline is None:
+                return None
+            age = timeline.nearest(self.now)
         return age if age > 0.0 else None
 
     # --------------------------------------------------------------------------------------- tasks
@@ -222,6 +221,22 @@ class TwinSimulator(Simulator):
             self._push(t + self.task_legs[i][0], _ACCEPT, i)
         self._run_general(*self._window())
         return self._raw(time.perf_counter() - wall)
+
+
+class _Timeline:
+    """Measured ages of one kind by the model time their messages were sent."""
+
+    def __init__(self, pairs: Sequence[tuple[float, float]]) -> None:
+        pairs = sorted(pairs)
+        self.times = [t for t, _ in pairs]
+        self.ages = [a for _, a in pairs]
+
+    def nearest(self, t: float) -> float:
+        """The age of the message sent nearest to ``t`` (the earlier one of two as near)."""
+        i = bisect.bisect_left(self.times, t)
+        if i == len(self.times) or (i > 0 and t - self.times[i - 1] <= self.times[i] - t):
+            i -= 1
+        return self.ages[i]
 
 
 class _NoArrivals:
