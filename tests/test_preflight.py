@@ -63,6 +63,26 @@ def test_the_estimate_is_the_calibrated_cost_times_the_rates(tmp_path: Path) -> 
     assert est.overhead_fraction == pytest.approx(est.overhead_ms * 1e-3 / (2.0 * 0.1))
 
 
+@pytest.mark.parametrize(
+    ("policy", "per_task"),
+    [
+        ('name = "jsq"', 0.0),  # the departure notice rides on the task's reply
+        ('name = "jsq"\ndispatchers = 3\nview = "full"', 4.0),  # notices to the 2 others, twice
+        ('name = "jiq"', 0.0),
+        ('name = "jiq"\ndispatchers = 4', 0.75),  # a token for another dispatcher than the task's
+        ('name = "jiq"\ndispatchers = 4\nd = 2', 4.0),  # 2 probes and 2 answers per token
+    ],
+)
+def test_messages_on_requests_of_their_own_follow_the_dispatchers(
+    tmp_path: Path, policy: str, per_task: float
+) -> None:
+    """What the dispatchers cost in messages that do not ride on a reply, which the estimate charges."""
+    exp = load_spec(spec_file(tmp_path, policy))
+    assert pf.own_messages_per_task(exp) == pytest.approx(per_task)
+    est = pf.estimate(exp, CAL, node_processes=4)
+    assert est.messages_per_s == pytest.approx(per_task * est.tasks_per_s)
+
+
 def test_a_saturating_spec_is_refused_a_busy_one_warned(tmp_path: Path) -> None:
     base = load_spec(spec_file(tmp_path))  # 5 tasks per model second
     level = {}

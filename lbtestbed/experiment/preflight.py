@@ -202,13 +202,27 @@ def probes_per_task(exp: Experiment) -> float:
 
 
 def own_messages_per_task(exp: Experiment) -> float:
-    """State messages per task sent on a request of their own: with an emulated delay every one (none
-    rides on a reply); without, SLTA's epochs only (a few per hundred tasks, counted as a tenth)."""
-    kinds = {"jsq": 1.0, "jlmu": 1.0, "jiq": 1.0, "slta": 1.1}
-    per_task = kinds.get(exp.policy.name, 0.0)
-    if exp.network.delay is not None:
-        return per_task
-    return 0.1 if exp.policy.name == "slta" else 0.0
+    """State messages per task sent on a request of their own (the others ride on replies sent anyway):
+    with an emulated delay every one; without, those for a dispatcher other than the one that routed the
+    task (a full view's notices, JIQ's tokens and probes for other dispatchers) and SLTA's epochs (a few
+    per hundred tasks, counted as a tenth)."""
+    pol = exp.policy
+    k = pol.dispatchers
+    full = pol.view == "full" and k > 1
+    if pol.name in ("jsq", "jlmu", "slta"):
+        epochs = 0.1 * k if pol.name == "slta" else 0.0
+        if exp.network.delay is not None:
+            return (2 * k - 1 if full else 1.0) + epochs
+        return (2 * (k - 1) if full else 0.0) + epochs  # the origin's departure notice rides
+    if pol.name == "jiq":
+        d = pol.d if isinstance(pol.d, int) else 1
+        per_token = 1.0 + (2 * d if d > 1 else 0)  # at most one token a task, after 2d probes and answers
+        if exp.network.delay is not None:
+            return per_token
+        # JIQ-Random: a token for another dispatcher than the task's; JIQ-SQ(d): the probes and answers
+        # (the token rides on the reply to the answer it follows)
+        return (k - 1) / k if d == 1 else 2.0 * d
+    return 0.0
 
 
 def mean_service(exp: Experiment) -> float:
