@@ -1099,7 +1099,7 @@ async def test_a_rider_for_a_node_outside_the_cluster_is_dropped_and_the_task_co
         return web.json_response({**reply, "messages": [{"kind": "departure", "node": 99}]})
 
     async def state(request: web.Request) -> web.Response:  # the health check: every node idle
-        reports = {str(k): [0, 0, 0] for k in range(exp.n)}  # JSQ: x, arrivals and departures of dispatcher 0
+        reports = {str(k): [0, 0, 0, 0] for k in range(exp.n)}  # JSQ: x, dispatcher 0's counts, events
         return web.json_response({"incarnation": 1, "model_time": 0.0, "reports": reports})
 
     app = web.Application()

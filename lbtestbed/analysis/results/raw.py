@@ -15,8 +15,10 @@ class RawRun:
     batches: int
     ratios: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     sojourns: list[list[float]] = field(default_factory=list)  # per batch, by arrival batch
-    r_time: dict[float, float] = field(default_factory=dict)  # SLTA: seconds at each r (several: their mean)
-    r_series: list[tuple[float, float]] = field(default_factory=list)
+    r_time: dict[int | float, float] = field(
+        default_factory=dict
+    )  # SLTA: seconds at each r (several: their mean)
+    r_series: list[tuple[float, int | float]] = field(default_factory=list)
     decisions: dict[str, int] = field(default_factory=dict)
     message_kinds: tuple[str, ...] = ()
     censored: int = 0

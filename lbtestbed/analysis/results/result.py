@@ -145,7 +145,7 @@ def summarize(exp: Experiment, raws: Sequence[RawRun], source: str = "simulation
         tails[c.name] = entries
     metrics["occupancy_tail"] = tails
     if raws[0].r_time:
-        total: dict[float, float] = {}
+        total: dict[int | float, float] = {}
         for r in raws:
             for k, v in r.r_time.items():
                 total[k] = total.get(k, 0.0) + v

@@ -114,7 +114,9 @@ class Simulator:
         self.tot_area = 0.0
         self.tot_area2 = 0.0
         self._bind_slta()
-        self.r: float = 1
+        self.r: int | float = (
+            1  # an int while one dispatcher learns it (or several agree): r_time keys print as such
+        )
         self.r_last = 0.0
         self.r_area = 0.0
         self.events = 0
@@ -128,8 +130,8 @@ class Simulator:
         self.sojourn = [[] for _ in range(B)]  # type: list[list[float]]
         self.sojourn_class = [[[] for _ in range(B)] for _ in exp.classes]  # type: list[list[list[float]]]
         self.decisions: Counter[str] = Counter()
-        self.r_time: defaultdict[float, float] = defaultdict(float)
-        self.r_series: list[tuple[float, float]] = []
+        self.r_time: defaultdict[int | float, float] = defaultdict(float)
+        self.r_series: list[tuple[float, int | float]] = []
         self.snapshots: list[dict[str, object]] = []
         self.is_fcfs = [n.discipline == "fcfs" for n in self.nodes]
 
@@ -200,7 +202,7 @@ class Simulator:
         self.tot_last = t
         self.in_system = n + step
 
-    def _r_changes(self, t: float, r: float) -> None:
+    def _r_changes(self, t: float, r: int | float) -> None:
         dt = t - self.r_last
         self.r_area += self.r * dt
         if self.batch >= 0:
