@@ -1,0 +1,50 @@
+"""What a theory value is: exact at the spec's n, a finite-n approximation with a known error order, or a
+limit (docs/theory.md, "Regimes: what each value is").
+
+Every theory metric carries ``regime``. A value set without one gets it from its note's ``assumes``: any
+assumption that names a limit (n -> infinity, mean field, Halfin-Whitt, heavy traffic) or an approximation
+makes it a ``limit``; none makes it ``exact``. ``lbt run`` counts ``exact`` and ``finite_n`` values in its
+verdict (within their stated error) and shows ``limit`` values for information, with their finite-n gap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+EXACT, FINITE_N, LIMIT = "exact", "finite_n", "limit"
+REGIMES = (EXACT, FINITE_N, LIMIT)
+
+#: words in an ``assumes`` entry that make a value a limit (or an approximation exact in no limit the run meets)
+LIMIT_WORDS = (
+    "infinity",
+    "large n",
+    "mean-field",
+    "mean field",
+    "heavy traffic",
+    "halfin",
+    "diffusion",
+    "approximation",
+)
+
+
+def regime_of(assumes: Iterable[str]) -> str:
+    """``limit`` when some assumption is a limit or an approximation, else ``exact``."""
+    text = " ".join(assumes).lower()
+    return LIMIT if any(w in text for w in LIMIT_WORDS) else EXACT
+
+
+def counts(regime: str | None) -> bool:
+    """Whether a value of this regime may decide a verdict."""
+    return regime in (EXACT, FINITE_N)
+
+
+def metric_regime(metric: dict[str, Any], notes: Iterable[dict[str, Any]], name: str) -> str | None:
+    """The regime of a theory metric: its own field, else the one its note's ``assumes`` implies (results
+    made by hand or by an older lbtestbed carry notes only); None when neither says."""
+    if metric.get("regime") in REGIMES:
+        return str(metric["regime"])
+    for note in notes:
+        if note.get("metric") == name and "assumes" in note:
+            return regime_of(note["assumes"])
+    return None
