@@ -499,6 +499,7 @@ def run_experiment(
         twin.extras["message_ages_replayed"] = {k: {"own": a, "drawn": b} for k, (a, b) in replayed.items()}
         raws["twin"] = twin_raw
     theory = predict(exp)
+    warnings += [f"theory: {w}" for w in theory.extras.get("warnings", [])]
     load = m.load.summary()
     if load["late_sends"] or load["dropped"]:
         warnings.append(

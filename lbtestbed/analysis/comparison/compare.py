@@ -13,8 +13,9 @@ freedom (a hand-made result) is taken as normal.
 
 An occupancy tail is one metric made of many points: it agrees when every point does at the family-wise
 95 % level (Bonferroni over the points compared, with t quantiles), and its distance is that of the worst
-point. Theory values that hold only in a limit (many nodes, heavy traffic: the prediction's notes say so)
-are compared for information and marked ``limit``; they do not decide a run.
+point. A theory value says what it is (its ``regime``, docs/theory.md, "Regimes: what each value is"): an
+``exact`` or ``finite_n`` value counts, within its stated error (a bias bound added to the measurement's
+interval); a ``limit`` value is compared for information, marked ``limit``, and does not decide a run.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 
 from lbtestbed.analysis.comparison import paired
 from lbtestbed.analysis.results.raw import RawRun
+from lbtestbed.analysis.results.regime import LIMIT, metric_regime
 from lbtestbed.analysis.results.result import METRICS, Result
 from lbtestbed.analysis.results.statistics import t_quantile
 
@@ -36,7 +38,6 @@ SCALARS = tuple(m for m in METRICS if m != "occupancy_tail")
 TAIL_FLOOR = 1e-3
 #: relative tolerance of values compared without any interval (rounding of the same number)
 EXACT = 1e-9
-LIMIT_WORDS = ("infinity", "large n", "mean-field", "mean field", "heavy traffic", "halfin")
 
 
 @dataclass(frozen=True)
@@ -119,13 +120,20 @@ def _combined(
 
 
 def _limit_metrics(theory: Result) -> set[str]:
+    """The theory's metrics (and ``occupancy_tail[<class>]``) whose values are limits."""
     notes = theory.extras.get("notes", [])
-    out = set()
-    for note in notes:
-        assumes = " ".join(note.get("assumes", [])).lower()
-        if any(w in assumes for w in LIMIT_WORDS):
-            out.add(note.get("metric", ""))
+    out = {m for m in SCALARS if metric_regime(theory.metrics[m], notes, m) == LIMIT}
+    for cls, tail in (theory.metrics.get("occupancy_tail") or {}).items():
+        name = f"occupancy_tail[{cls}]"
+        if metric_regime(tail[0] if tail else {}, notes, name) == LIMIT:
+            out.add(name)
     return out
+
+
+def _error(expected: dict[str, Any]) -> float:
+    """A theory value's stated error (the truncation of an exact chain, the O(1/n^2) term of a refined
+    mean field): a bound on its bias, added to the measured interval rather than combined with it."""
+    return float(expected.get("error") or 0.0)
 
 
 # ------------------------------------------------------------------------------------------ unpaired
@@ -143,16 +151,19 @@ def compare_scalar(
         return v
     v.difference = a - b
     se, df = _combined(a_ci, a_df, b_ci, b_df)
-    diff = abs(a - b)
+    error = _error(expected)
+    diff = max(0.0, abs(a - b) - error)  # what the stated error of the expected value does not explain
+    if error:
+        v.why = f"within the theory's stated error +-{error:.2g}"
     if se == 0.0:
         v.agrees = diff <= EXACT * max(1.0, abs(b))
         v.distance = 0.0 if v.agrees else math.inf
-        v.why = "no interval: compared exactly"
+        v.why = "; ".join(w for w in ("no interval: compared exactly", v.why) if w)
         return v
     v.df = df
     # one side without an interval (a theory value): the other's interval as it is
     half = (a_ci or 0.0) if not b_ci else (b_ci if not a_ci else _quantile(df) * se)
-    v.difference_ci95 = half
+    v.difference_ci95 = half + error
     v.distance = diff / se
     v.agrees = diff <= half
     return v
@@ -173,7 +184,7 @@ def compare_tail(
         if max(a["value"], b["value"]) < TAIL_FLOOR or min(a["value"], b["value"]) > 1.0 - TAIL_FLOOR:
             continue  # rare on both sides, above or below the level: too few moments to compare
         se, df = _combined(a.get("ci95"), a.get("df"), b.get("ci95"), b.get("df"))
-        points.append((j, a["value"], b["value"], se, df))
+        points.append((j, a["value"], b["value"], se, df, _error(b)))
     v = Verdict(f"occupancy_tail[{name}]", reference, None, None, None, None, None, None, counts)
     if not points:
         v.counts = False
@@ -182,18 +193,18 @@ def compare_tail(
     m = len(points)
     level = 1.0 - 0.05 / m
 
-    def distance(p: tuple[int, float, float, float, float | None]) -> float:
-        diff = abs(p[1] - p[2])
+    def distance(p: tuple[int, float, float, float, float | None, float]) -> float:
+        diff = max(0.0, abs(p[1] - p[2]) - p[5])
         if p[3] > 0:
             return diff / p[3]
         return 0.0 if diff <= EXACT * max(1.0, abs(p[2])) else math.inf  # no interval: compared exactly
 
     # each point against its own family-wise quantile (its degrees of freedom); the worst decides
-    def excess(p: tuple[int, float, float, float, float | None]) -> float:
+    def excess(p: tuple[int, float, float, float, float | None, float]) -> float:
         return distance(p) / _quantile(p[4], level)
 
     worst = max(points, key=excess)
-    j, a, b, _, df = worst
+    j, a, b, _, df, _ = worst
     z = _quantile(df, level)
     v.measured, v.expected = a, b
     v.measured_ci95 = (measured[j] if j < len(measured) else beyond).get("ci95")
@@ -334,6 +345,9 @@ def compare(measured: Side, expected: Side, counts: bool = True) -> list[Verdict
             v.subject = subject
         if metric in limits:
             v.why = "limit prediction (n -> infinity): for information"
+            gap = expected.result.metrics[metric].get("gap")
+            if gap:
+                v.why += f"; finite-n gap {gap['kind']} {gap['value']:+.3g} ({gap['how']})"
         out.append(v)
     tails = expected.result.metrics["occupancy_tail"] or {}
     names = list(measured.result.metrics["occupancy_tail"] or {})

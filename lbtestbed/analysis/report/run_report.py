@@ -18,6 +18,7 @@ from lbtestbed.analysis.comparison import paired
 from lbtestbed.analysis.comparison.compare import SCALARS, Side, Verdict, compare, holm, run_agrees
 from lbtestbed.analysis.report import plots
 from lbtestbed.analysis.results.raw import RawRun
+from lbtestbed.analysis.results.regime import describe
 from lbtestbed.analysis.results.result import Result
 from lbtestbed.model.spec import Experiment
 
@@ -83,9 +84,11 @@ def build(
     warnings: Sequence[str] = (),
     twin: Side | None = None,
 ) -> RunReport:
-    """The verdicts of a run. With a twin, cluster against twin (paired) decides; cluster and twin against
-    the zero-delay simulation say what the network and the software cost the policy. Without one, the
-    cluster against the simulation (paired) and the theory's exact values decide."""
+    """The verdicts of a run. With a twin, cluster against twin (paired) decides, and so do the theory's
+    exact and finite-n values against the zero-delay simulation; cluster and twin against the simulation
+    say what the network and the software cost the policy. Without a twin, the cluster against the
+    simulation (paired) and against the theory's exact and finite-n values decides. Limit values never
+    decide (docs/theory.md, "Regimes: what each value is")."""
     for side in (cluster, twin, simulation):
         if side is not None and side.raw is not None:
             side.result.extras["batch_values"] = paired.batch_table(side.raw)
@@ -97,7 +100,13 @@ def build(
         if twin is not None:
             verdicts += compare(twin, simulation, counts=False)
     if theory is not None:
-        verdicts += compare(cluster, Side(theory), counts=twin is None)
+        if twin is not None and simulation is not None:
+            # the theory models the system without delays: the zero-delay simulation is what its exact and
+            # finite-n values decide on; the cluster, whose delays cost the policy, sees it for information
+            verdicts += compare(simulation, Side(theory), counts=True)
+            verdicts += compare(cluster, Side(theory), counts=False)
+        else:
+            verdicts += compare(cluster, Side(theory), counts=True)
     holm(verdicts)
     return RunReport(
         exp,
@@ -145,13 +154,15 @@ def comparison_rows(rep: RunReport) -> list[list[str]]:
         head = ["metric", "unit", "cluster", "twin", "cluster-twin", "verdict", "simulation", "net cost"]
     else:
         head = ["metric", "unit", "cluster", "simulation", "cluster-sim", "verdict"]
-    rows = [[*head, "theory", "verdict"]]
+    rows = [[*head, "theory", "sim vs theory" if twin else "verdict"]]
     metrics = [*SCALARS, *(f"occupancy_tail[{c.name}]" for c in rep.exp.classes)]
     for metric in metrics:
         main = rep.verdict(metric, "twin" if twin else "simulation")
         cost = rep.verdict(metric, "simulation", "twin") if twin else None
         sim = rep.verdict(metric, "simulation")
-        theory = rep.verdict(metric, "theory")
+        theory = (rep.verdict(metric, "theory", "simulation") if twin else None) or rep.verdict(
+            metric, "theory"
+        )
         known = [v for v in (main, sim, theory) if v is not None]
         tail = metric.startswith("occupancy_tail[")
         # a tail is shown at one level for every source: the one the deciding comparison found worst
@@ -176,7 +187,7 @@ def comparison_rows(rep: RunReport) -> list[list[str]]:
             word = theory.word if theory.counts or theory.agrees is None else f"({theory.word}, info)"
             if "limit" in theory.why and theory.agrees is not None:
                 word = f"({theory.word}, limit)"
-            cells += [_value(rep.theory, metric, j), word]
+            cells += [_theory_value(rep.theory, metric, j), word]
         rows.append(cells)
     return rows
 
@@ -189,6 +200,20 @@ def _value(result: Result | None, metric: str, j: int | None) -> str:
         return _tail_at(result, metric[len("occupancy_tail[") : -1], j)
     m = result.metrics[metric]
     return _num(m.get("value"), m.get("ci95"))
+
+
+def _theory_value(result: Result | None, metric: str, j: int | None) -> str:
+    """A theory value and what it is: [exact +-error], [finite_n +-error O(1/n^2)], [limit, gap >= x]."""
+    text = _value(result, metric, j)
+    if result is None or text == "-":
+        return text
+    if metric.startswith("occupancy_tail["):
+        tail = (result.metrics["occupancy_tail"] or {}).get(metric[len("occupancy_tail[") : -1]) or []
+        point = tail[j] if j is not None and j < len(tail) else (tail[0] if tail else {})
+        what = describe({**point, "value": 0.0}, with_limit=False)
+    else:
+        what = describe(result.metrics[metric], with_limit=False)
+    return f"{text} [{what}]" if what else text
 
 
 def _tail_at(result: Result, name: str, j: int | None) -> str:
@@ -351,15 +376,17 @@ def _explanation(rep: RunReport) -> str:
             "measured on every leg; the cluster against it, paired batch by batch, decides the verdict "
             "(a disagreement is an emulation bug or an effect nobody modelled). The simulation has no "
             "delays: the twin against it is what the network and the software cost the policy (*net cost*). "
-            "Theory values are for information; occupancy tails are compared point by point at the "
-            "family-wise 95% level."
+            "The theory's exact and finite-n values (within their stated error) decide against the "
+            "simulation (*sim vs theory*); its limit values are for information, with their finite-n gap "
+            "where one is known. Occupancy tails are compared point by point at the family-wise 95% level."
         )
     return (
         "Cluster and simulation saw the same tasks (same seed; the workload is in `trace.csv`) and are "
         "compared batch by batch: the mean per-batch gap (relative for sojourns, tasks and messages) with "
-        "its 95% interval; otherwise how many standard errors apart. Theory values that hold only as n "
-        "grows are marked *limit* and do not decide the verdict. Occupancy tails are compared point by "
-        "point at the family-wise 95% level."
+        "its 95% interval; otherwise how many standard errors apart. The theory's exact and finite-n values "
+        "decide within their stated error; values that hold only as n grows are marked *limit*, with their "
+        "finite-n gap where one is known, and do not decide the verdict. Occupancy tails are compared point "
+        "by point at the family-wise 95% level."
     )
 
 

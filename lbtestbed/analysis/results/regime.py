@@ -15,7 +15,7 @@ from typing import Any
 EXACT, FINITE_N, LIMIT = "exact", "finite_n", "limit"
 REGIMES = (EXACT, FINITE_N, LIMIT)
 
-#: words in an ``assumes`` entry that make a value a limit (or an approximation exact in no limit the run meets)
+#: words in an ``assumes`` entry that make a value a limit (or an approximation exact in no limit)
 LIMIT_WORDS = (
     "infinity",
     "large n",
@@ -48,3 +48,26 @@ def metric_regime(metric: dict[str, Any], notes: Iterable[dict[str, Any]], name:
         if note.get("metric") == name and "assumes" in note:
             return regime_of(note["assumes"])
     return None
+
+
+GAP_SIGNS = {"estimate": "~", "at least": ">=", "at most": "<="}
+
+
+def describe(metric: dict[str, Any], with_limit: bool = True) -> str:
+    """What a theory value is, in a few words: its regime, its error (and order) or its finite-n gap, and
+    the limit a finite-n value replaced, e.g. ``finite_n +-0.00056 O(1/n^2), limit 2.614``."""
+    regime = metric.get("regime")
+    if regime is None or metric.get("value") is None:
+        return ""
+    words = [str(regime)]
+    if metric.get("error") is not None:
+        words.append(f"+-{metric['error']:.2g}")
+    if metric.get("error_order"):
+        words.append(str(metric["error_order"]))
+    text = " ".join(words)
+    if with_limit and metric.get("limit") is not None:
+        text += f", limit {metric['limit']:.6g}"
+    gap = metric.get("gap")
+    if gap:
+        text += f", gap {GAP_SIGNS.get(gap['kind'], '~')} {gap['value']:+.3g}"
+    return text

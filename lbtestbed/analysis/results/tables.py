@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from lbtestbed.analysis.results.regime import describe
 from lbtestbed.analysis.results.result import METRICS, Result
 from lbtestbed.model.spec import Experiment
 
@@ -14,7 +15,9 @@ def _fmt(v: float | None, digits: int = 6) -> str:
     return f"{v:.{digits}g}"
 
 
-def _row(label: str, m: dict[str, Any]) -> list[str]:
+def _row(label: str, m: dict[str, Any], theory: bool = False) -> list[str]:
+    if theory:  # a theory value has no interval: what it is takes the column (docs/theory.md, "Regimes")
+        return [label, _fmt(m.get("value")), describe(m)]
     ci = m.get("ci95")
     return [label, _fmt(m.get("value")), "" if ci is None else f"± {_fmt(ci, 3)}"]
 
@@ -22,10 +25,11 @@ def _row(label: str, m: dict[str, Any]) -> list[str]:
 def render(result: Result) -> str:
     """The result as aligned text: headline metrics, messages by kind, occupancy tails."""
     m = result.metrics
-    rows: list[list[str]] = [["metric", "value", "95% CI"]]
+    theory = result.source == "theory"
+    rows: list[list[str]] = [["metric", "value", "regime" if theory else "95% CI"]]
     for key in METRICS:
         if key != "occupancy_tail" and m[key].get("value") is not None:
-            rows.append(_row(key, m[key]))
+            rows.append(_row(key, m[key], theory))
     if m["tasks_in_system"].get("variance", {}).get("value") is not None:
         rows.append(_row("  variance of tasks in system", m["tasks_in_system"]["variance"]))
     by_class = m["mean_sojourn"].get("by_class", {})
@@ -51,7 +55,8 @@ def render(result: Result) -> str:
     lines.append("occupancy tail: fraction of a class's nodes holding at least j tasks")
     for name, tail in m["occupancy_tail"].items():
         cells = [f"{j}:{e['value']:.4f}" for j, e in enumerate(tail) if e["value"] is not None][1:]
-        lines.append(f"  {name:<10} " + " ".join(cells[:16]) + (" ..." if len(cells) > 16 else ""))
+        kind = f" ({tail[0]['regime']})" if theory and tail and tail[0].get("regime") else ""
+        lines.append(f"  {name:<10} " + " ".join(cells[:16]) + (" ..." if len(cells) > 16 else "") + kind)
     decisions = result.extras.get("decisions")
     if decisions:
         total = sum(decisions.values())
@@ -72,13 +77,18 @@ def render_notes(result: Result) -> str:
         lines.append("bounds:")
         for key, value in bounds.items():
             lines.append(f"  {key}: {_fmt(value) if isinstance(value, float) else value}")
+    for warning in result.extras.get("warnings", []):
+        lines.append(f"warning: {warning}")
     lines.append("notes:")
     for note in result.extras.get("notes", []):
         if "null" in note:
             lines.append(f"  {note['metric']}: null - {note['null']}")
         else:
             assumes = f" [assumes: {'; '.join(note['assumes'])}]" if note.get("assumes") else ""
-            lines.append(f"  {note['metric']}: {note['formula']} ({note['source']}){assumes}")
+            regime = f" [{note['regime']}]" if note.get("regime") else ""
+            lines.append(f"  {note['metric']}: {note['formula']} ({note['source']}){assumes}{regime}")
+            if note.get("limit"):
+                lines.append(f"    limit: {note['limit']['formula']} ({note['limit']['source']})")
     return "\n".join(lines)
 
 

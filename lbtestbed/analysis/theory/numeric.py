@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 
 def bisect(f: Callable[[float], float], lo: float, hi: float, tol: float = 1e-13) -> float:
@@ -55,3 +55,18 @@ def erlang_cdf(x: float, shape: int) -> float:
         term *= x / i
         total += term
     return max(0.0, 1.0 - math.exp(-x) * total)
+
+
+def erlang_mixture_quantile(weights: Sequence[float], mu: float, q: float) -> float:
+    """The q-quantile of a mixture of Gamma(k + 1, mu) with weights[k]: the fcfs sojourn of a task that
+    finds k tasks ahead at its node, with exponential work of rate mu."""
+    terms = [(k, w) for k, w in enumerate(weights) if w > 1e-16]
+    total = sum(w for _, w in terms)
+
+    def excess(t: float) -> float:
+        return sum(w * erlang_cdf(t * mu, k + 1) for k, w in terms) / total - q
+
+    hi = 1.0 / mu
+    while excess(hi) < 0:
+        hi *= 2
+    return bisect(excess, 0.0, hi)

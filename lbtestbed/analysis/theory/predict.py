@@ -10,10 +10,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from fractions import Fraction
-from typing import Any
 
-from lbtestbed.analysis.results.result import METRICS, Result
-from lbtestbed.analysis.theory import dispatchers, hetero_ps, queues, supermarket
+from lbtestbed.analysis.results.result import Result
+from lbtestbed.analysis.theory import dispatchers, finite, hetero_ps, queues, supermarket
 from lbtestbed.analysis.theory.fluid import warmup_needed
 from lbtestbed.analysis.theory.numeric import bisect
 from lbtestbed.analysis.theory.pools import (
@@ -23,6 +22,7 @@ from lbtestbed.analysis.theory.pools import (
     pool_speed,
     random_utility,
 )
+from lbtestbed.analysis.theory.prediction import THEORY, Prediction
 from lbtestbed.model.spec import Experiment
 
 #: metrics a queueing formula predicts together, and which fall together when it does not apply
@@ -44,7 +44,6 @@ POOL_PAPER = "Goldsztajn et al. 2021 (arXiv 2112.08958)"
 PS_PAPER = "Mukhopadhyay et al. 2015 (arXiv 1502.05786)"
 POD_PAPER = "Fittipaldi et al. 2018 (arXiv 1809.05373)"
 HJSQ_PAPER = 'the heterogeneous-JSQ paper ("Load Balancing with Individually Heterogeneous Servers")'
-THEORY = "docs/theory.md"
 
 
 #: policies whose dispatchers, when there are several, each decide on their own partial view of the nodes
@@ -83,94 +82,6 @@ SENDS = _doc("What each policy sends")
 FLOW = _doc("Flow balance")
 SLTA_MESSAGES = _doc("SLTA's messages")
 BOUNDS = "The `bounds` block"
-
-
-class Prediction:
-    """Collects metric values and the note that justifies or withholds each."""
-
-    def __init__(self, exp: Experiment) -> None:
-        self.exp = exp
-        self.metrics: dict[str, Any] = {k: {"value": None, "ci95": None} for k in METRICS}
-        self.metrics["occupancy_tail"] = {c.name: None for c in exp.classes}
-        self.notes: list[dict[str, Any]] = []
-        self.bounds: dict[str, Any] = {}
-
-    def set(self, metric: str, value: float, formula: str, source: str, assumes: Sequence[str] = ()) -> None:
-        """Predict a metric; a later, more specific formula replaces an earlier one."""
-        self.metrics[metric]["value"] = float(value)
-        self.notes = [n for n in self.notes if n["metric"] != metric]
-        self.notes.append({"metric": metric, "formula": formula, "source": source, "assumes": list(assumes)})
-
-    def tail(
-        self, cls: str, tail: Sequence[float], formula: str, source: str, assumes: Sequence[str] = ()
-    ) -> None:
-        self.metrics["occupancy_tail"][cls] = [{"value": float(p), "ci95": None} for p in tail]
-        self.notes.append(
-            {
-                "metric": f"occupancy_tail[{cls}]",
-                "formula": formula,
-                "source": source,
-                "assumes": list(assumes),
-            }
-        )
-
-    def null_many(self, metrics: Sequence[str], reason: str) -> None:
-        for metric in metrics:
-            self.null(metric, reason)
-
-    def null(self, metric: str, reason: str) -> None:
-        if not any(n["metric"] == metric for n in self.notes):
-            self.notes.append({"metric": metric, "null": reason})
-
-    def _why_null(self, metric: str) -> str:
-        exp = self.exp
-        discs = {c.discipline for c in exp.classes}
-        if metric == "utility":
-            if discs != {"pool"}:
-                return "utility is defined for pools"
-            return (
-                "some class has no utility"
-                if any(c.utility is None for c in exp.classes)
-                else (f"no formula for the utility of {exp.policy.name} in the papers; the bounds still hold")
-            )
-        if metric == "slta_r":
-            return "only slta learns r"
-        if metric == "wait_probability" and "fcfs" not in discs:
-            return "only fcfs nodes make tasks wait (ps shares, pools serve all at once)"
-        if metric in ("idle_capacity", "idle_nodes") and "pool" in discs:
-            return "pools have no capacity to leave idle"
-        if metric in ("sojourn_p50", "sojourn_p99") and "ps" in discs:
-            return "no closed form for the sojourn-time distribution on ps nodes"
-        return f"no formula in {THEORY} covers {metric} for {exp.policy.name} on this spec"
-
-    def result(self) -> Result:
-        exp = self.exp
-        for metric in METRICS:
-            value = self.metrics[metric]
-            empty = (
-                all(v is None for v in value.values())
-                if metric == "occupancy_tail"
-                else value["value"] is None
-            )
-            if empty:
-                self.null(metric, self._why_null(metric))
-        for name, tail in self.metrics["occupancy_tail"].items():
-            if tail is None:
-                self.metrics["occupancy_tail"][name] = []
-        context = {
-            "spec": exp.source,
-            "n": exp.n,
-            "load": exp.workload.load,
-            "arrival_rate": exp.workload.arrival_rate,
-        }
-        return Result(
-            exp.name,
-            exp.policy.name,
-            "theory",
-            self.metrics,
-            context,
-            {"bounds": self.bounds, "notes": self.notes},
-        )
 
 
 def _disciplines(exp: Experiment) -> set[str]:
@@ -536,7 +447,8 @@ def _supermarket(exp: Experiment, p: Prediction) -> None:
     d = exp.policy.d
     a = exp.workload.arrival_rate / exp.n
     rho = a * work.mean / speed
-    assumes = ["n -> infinity (mean field)", "exponential work" if disc == "fcfs" else "ps: any work law"]
+    field = "n -> infinity (mean field)" if d > 1 else "d = 1 is random routing: M/M/1 or M/G/1-PS per node"
+    assumes = [field, "exponential work" if disc == "fcfs" else "ps: any work law"]
     if exp.policy.name == "least_request":
         assumes.append(
             "one dispatcher: its in-flight counts are the queue lengths, so least_request is JSQ(d)"
@@ -560,6 +472,7 @@ def _supermarket(exp: Experiment, p: Prediction) -> None:
                 src,
                 assumes,
             )
+    finite.supermarket(exp, p, speed, disc == "fcfs")
 
 
 def _join_idle(exp: Experiment, p: Prediction) -> None:
@@ -591,6 +504,7 @@ def _join_idle(exp: Experiment, p: Prediction) -> None:
             src,
             limit,
         )
+        finite.join_idle(exp, p, speed, exp.classes[0].discipline == "fcfs")
         return
     unequal = (
         f"unequal speeds: only finite-n simulation tables exist ({_doc('Finite-n reference: exact CTMC')}), "

@@ -1,5 +1,5 @@
-"""The refined mean field of JSQ(d): the 1/n term of the stationary mean (Gast and Van Houdt 2017; docs/theory.md,
-"Refined mean field: the 1/n term").
+"""The refined mean field of JSQ(d): the 1/n term of the stationary mean (Gast and Van Houdt 2017;
+docs/theory.md, "Refined mean field: the 1/n term").
 
 A density-dependent population process with drift f(x) = sum_l l beta_l(x) and an exponentially stable fixed
 point x* has E[X^(n)] = x* + V / n + O(1/n^2), where, with A = Df(x*), B = D^2 f(x*) and

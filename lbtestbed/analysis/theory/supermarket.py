@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from lbtestbed.analysis.theory.numeric import bisect, erlang_cdf
+from lbtestbed.analysis.theory.numeric import erlang_mixture_quantile
 
 
 def tails(rho: float, d: int, cutoff: float = 1e-15) -> list[float]:
@@ -43,15 +43,5 @@ def fcfs_sojourn_quantile(rho: float, d: int, mu: float, q: float) -> float:
     """
     if d == 1:
         return -math.log1p(-q) / (mu * (1 - rho))
-    p = tails(rho, d)
-    p.append(0.0)
-    weights = [(k, p[k] ** d - p[k + 1] ** d) for k in range(len(p) - 1)]
-    weights = [(k, w) for k, w in weights if w > 1e-16]
-
-    def cdf(t: float) -> float:
-        return sum(w * erlang_cdf(t * mu, k + 1) for k, w in weights) - q
-
-    hi = 1.0 / mu
-    while cdf(hi) < 0:
-        hi *= 2
-    return bisect(cdf, 0.0, hi)
+    p = [*tails(rho, d), 0.0]
+    return erlang_mixture_quantile([p[k] ** d - p[k + 1] ** d for k in range(len(p) - 1)], mu, q)

@@ -1,0 +1,269 @@
+"""Values at the spec's n for identical exponential servers (docs/theory.md, "Values at the spec's n").
+
+``supermarket`` (JSQ(d)) and ``join_idle`` (JSQ, JIQ) run after the limit values are set and replace them
+where they can: with the exact chain (``ctmc``) when its state space is small enough, else, for JSQ(d), with
+the refined mean field (``refined``), whose O(1/n^2) error is estimated from the exact chain at a small n0
+(the 1/n^2 coefficient c2 = n0^2 |exact - refined|; the error stated is twice c2 / n^2). What stays a
+limit gets its finite-n gap where one is known, and a warning when that gap is large.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from lbtestbed.analysis.results.regime import EXACT, FINITE_N
+from lbtestbed.analysis.theory import ctmc, refined
+from lbtestbed.analysis.theory.numeric import erlang_mixture_quantile
+from lbtestbed.analysis.theory.prediction import THEORY, Prediction
+from lbtestbed.model.spec import Experiment
+
+EXACT_SOURCE = f'{THEORY}, "Exact values at small n: the Markov chain"'
+REFINED_SOURCE = (
+    "Gast and Van Houdt 2017 (Proc. ACM Meas. Anal. Comput. Syst. 1(2), DOI 10.1145/3154491); "
+    f'{THEORY}, "Refined mean field: the 1/n term"'
+)
+ERLANG_SOURCE = f'textbook queueing (M/M/n, Erlang C); {THEORY}, "The finite-n gap of a limit"'
+#: a limit whose gap at this n is larger than this (relative) is worth a warning
+LARGE_GAP = 0.02
+#: the refined value's stated error is this many times c2 / n^2 (c2 itself carries the O(1/n0^3) rest)
+SAFETY = 2.0
+#: tail points below this are not listed
+TAIL_CUT = 1e-12
+
+
+def _model(exp: Experiment, policy: str, speed: float) -> ctmc.Model:
+    pol = exp.policy
+    d = pol.d if isinstance(pol.d, int) else 2
+    return ctmc.Model(
+        policy, exp.n, exp.workload.arrival_rate, speed / exp.workload.service.mean, d, pol.replace
+    )
+
+
+def _cut(tail: Sequence[float], errors: Sequence[float]) -> tuple[list[float], list[float]]:
+    keep = [j for j, t in enumerate(tail) if j == 0 or t >= TAIL_CUT]
+    return [tail[j] for j in keep], [errors[j] if j < len(errors) else 0.0 for j in keep]
+
+
+def _truncation(x: ctmc.Exact) -> str:
+    return (
+        f"exact chain of {x.states} states (at most {x.K} tasks per node; the arrivals it drops, "
+        f"{x.dropped:.2g} of them, bound the truncation: error estimated from K - 1 -> K)"
+    )
+
+
+def _apply_exact(exp: Experiment, p: Prediction, x: ctmc.Exact, fcfs: bool, tokens: bool) -> None:
+    n = exp.n
+    how = _truncation(x)
+    assumes = ["exponential work", "one dispatcher with the exact state (or a full view)"]
+    e = x.errors
+    p.finite(
+        "mean_sojourn",
+        x.mean_sojourn,
+        f"Little: n L / lambda; {how}",
+        EXACT_SOURCE,
+        EXACT,
+        x.sojourn_error(),
+        assumes,
+    )
+    p.finite(
+        "mean_tasks_per_node",
+        x.mean_tasks,
+        f"L = sum_j P(N >= j); {how}",
+        EXACT_SOURCE,
+        EXACT,
+        e["mean_tasks"],
+        assumes,
+    )
+    p.finite(
+        "tasks_in_system", n * x.mean_tasks, f"n L; {how}", EXACT_SOURCE, EXACT, n * e["mean_tasks"], assumes
+    )
+    if fcfs:
+        p.finite(
+            "wait_probability",
+            x.wait,
+            f"P(the node an arrival joins is busy); {how}",
+            EXACT_SOURCE,
+            EXACT,
+            e["wait"],
+            assumes,
+        )
+        for metric, q in ctmc.QUANTILES.items():
+            p.finite(
+                metric,
+                x.fcfs_sojourn_quantile(q),
+                f"Gamma(k + 1, mu) mixed over the level joined; {how}",
+                EXACT_SOURCE,
+                EXACT,
+                e[metric],
+                assumes,
+            )
+    if tokens:
+        p.finite(
+            "messages_per_task",
+            x.idle_arrival,
+            f"tokens per task = P(an arrival finds an idle node); {how}",
+            EXACT_SOURCE,
+            EXACT,
+            e["idle_arrival"],
+            assumes,
+        )
+    tail, errors = _cut(x.tail, x.tail_errors)
+    for c in exp.classes:
+        p.finite_tail(
+            c.name, tail, errors, f"E[#nodes holding >= j] / n; {how}", EXACT_SOURCE, EXACT, assumes
+        )
+
+
+def _small_exact(model: ctmc.Model, d: int) -> ctmc.Exact | None:
+    """The exact chain at the largest n0 <= 8 it solves quickly (same load per server), for the refined
+    value's error estimate."""
+    per_server = model.lam / model.n
+    for n0 in range(8, max(d, 2), -1):
+        x = ctmc.exact(
+            ctmc.Model(model.policy, n0, per_server * n0, model.mu, model.d, model.replace),
+            max_states=20_000,
+            tolerance=1e-4,
+        )
+        if x is not None:
+            return x
+    return None
+
+
+def supermarket(exp: Experiment, p: Prediction, speed: float, fcfs: bool) -> None:
+    """JSQ(d) at the spec's n: the exact chain, else the refined mean field (exponential work); for other
+    work on ps nodes the limit stays, with the exponential refined correction as its estimated gap."""
+    pol, work = exp.policy, exp.workload.service
+    assert isinstance(pol.d, int)
+    model = _model(exp, "power_of_d", speed)
+    if pol.d >= 2 and work.dist == "exponential":
+        x = ctmc.exact(model)
+        if x is not None:
+            _apply_exact(exp, p, x, fcfs, tokens=False)
+            return
+    if pol.d < 2:
+        return  # d = 1 is random routing: the limit is every n's value (M/M/1 per node)
+    n = exp.n
+    rho = model.lam / (n * model.mu)
+    e = refined.supermarket_expansion(rho, pol.d, model.mu, pol.replace)
+    a = model.lam / n  # arrivals per node per unit time
+    if work.dist != "exponential":
+        limit = p.metrics["mean_sojourn"]["value"]
+        p.gap(
+            "mean_sojourn",
+            e.correction() / n / a,
+            "estimate",
+            "the refined 1/n term for exponential work; on ps nodes the mean field is insensitive to the "
+            "work law, its 1/n term is not known to be",
+        )
+        if abs(e.correction() / n / a) > LARGE_GAP * limit:
+            p.warn(
+                f"mean_sojourn: the limit {limit:.4g} is about {100 * e.correction() / n / a / limit:.0f} % "
+                f"below the value at n = {n} for exponential work; no finite-n value for {work.dist} work"
+            )
+        return
+    small = _small_exact(model, pol.d)
+    n0 = small.model.n if small else None
+    how = (
+        f"the refined mean field at n = {n} (mean field + V / n; error O(1/n^2), stated as 2 c2 / n^2 with "
+        + (
+            f"c2 from the exact chain at n0 = {n0})"
+            if n0
+            else "no exact chain to estimate c2: error unknown)"
+        )
+    )
+    assumes = ["exponential work", "one dispatcher with the exact state"]
+    values = _refined_values(e, n, fcfs)
+    errors = {}
+    if small is not None and n0 is not None:
+        at_n0, refined_n0 = _exact_values(small, fcfs), _refined_values(e, n0, fcfs)
+        errors = {k: SAFETY * abs(at_n0[k] - refined_n0[k]) * n0 * n0 / (n * n) for k in values}
+    for metric, value in values.items():
+        p.finite(metric, value, how, REFINED_SOURCE, FINITE_N, errors.get(metric), assumes)
+    L = values["mean_tasks_per_node"]
+    p.finite(
+        "tasks_in_system",
+        n * L,
+        how,
+        REFINED_SOURCE,
+        FINITE_N,
+        None if not errors else n * errors["mean_tasks_per_node"],
+        assumes,
+    )
+    tail = e.tail(n)
+    tail_errors: list[float] | None = None
+    if small is not None and n0 is not None:
+        ref0 = e.tail(n0)
+        tail_errors = [
+            SAFETY * abs((small.tail[j] if j < len(small.tail) else 0.0) - ref0[j]) * n0 * n0 / (n * n)
+            for j in range(len(tail))
+        ]
+    tail, cut_errors = _cut(tail, tail_errors or [])
+    for c in exp.classes:
+        p.finite_tail(
+            c.name, tail, cut_errors if tail_errors else None, how, REFINED_SOURCE, FINITE_N, assumes
+        )
+    shift = abs(e.correction() / n) / e.mean_tasks(n)
+    if shift > 0.1:
+        p.warn(
+            f"the refined mean field moves the mean tasks by {100 * shift:.0f} % from the limit at n = {n}: "
+            "its O(1/n^2) error may be large"
+        )
+
+
+def _refined_values(e: refined.Expansion, n: int, fcfs: bool) -> dict[str, float]:
+    """The refined mean field's per-node values at n (tasks in the system are n times the tasks per node)."""
+    a = e.rho * e.mu  # arrivals per node per unit time
+    out = {"mean_tasks_per_node": e.mean_tasks(n), "mean_sojourn": e.mean_tasks(n) / a}
+    if fcfs:
+        out["wait_probability"] = e.wait(n)
+        for metric, q in ctmc.QUANTILES.items():
+            out[metric] = erlang_mixture_quantile(e.join(n), e.mu, q)
+    return out
+
+
+def _exact_values(x: ctmc.Exact, fcfs: bool) -> dict[str, float]:
+    """The same values from the exact chain."""
+    out = {"mean_tasks_per_node": x.mean_tasks, "mean_sojourn": x.mean_sojourn}
+    if fcfs:
+        out["wait_probability"] = x.wait
+        for metric, q in ctmc.QUANTILES.items():
+            out[metric] = x.fcfs_sojourn_quantile(q)
+    return out
+
+
+def erlang_c(n: int, offered: float) -> float:
+    """P(wait) in M/M/n with offered load ``offered`` = lambda / mu < n (Erlang C), in log space."""
+    log_terms = [k * math.log(offered) - math.lgamma(k + 1) for k in range(n)]
+    top = n * math.log(offered) - math.lgamma(n + 1) + math.log(n / (n - offered))
+    peak = max([*log_terms, top])
+    below = sum(math.exp(t - peak) for t in log_terms)
+    return math.exp(top - peak) / (below + math.exp(top - peak))
+
+
+def join_idle(exp: Experiment, p: Prediction, speed: float, fcfs: bool) -> None:
+    """JSQ and JIQ (one dispatcher, or a full view of JSQ) at the spec's n: the exact chain where it is
+    small enough; otherwise the limit, whose mean-sojourn gap is at least the pooled M/M/n queue's."""
+    pol, work = exp.policy, exp.workload.service
+    one = pol.dispatchers == 1 or (pol.name == "jsq" and pol.view == "full")
+    if not one or work.dist != "exponential":
+        return
+    model = _model(exp, pol.name, speed)
+    x = ctmc.exact(model)
+    if x is not None:
+        _apply_exact(exp, p, x, fcfs, tokens=pol.name == "jiq")
+        return
+    n, mu = exp.n, model.mu
+    offered = model.lam / mu
+    wait = erlang_c(n, offered)
+    gap = wait / (n * mu - model.lam)  # M/M/n's mean wait: no dispatching to n separate queues beats it
+    how = "M/M/n's mean wait (Erlang C): pooling the n queues into one is a lower bound for any dispatching"
+    p.gap("mean_sojourn", gap, "at least", how)
+    p.gap("mean_tasks_per_node", gap * model.lam / n, "at least", how + ", with Little's law")
+    p.gap("tasks_in_system", gap * model.lam, "at least", how + ", with Little's law")
+    limit = p.metrics["mean_sojourn"]["value"]
+    if limit and gap > LARGE_GAP * limit:
+        p.warn(
+            f"mean_sojourn: the limit {limit:.4g} (queueing vanishes) is at least {100 * gap / limit:.0f} % "
+            f"low at n = {n} (the M/M/n bound); the exact chain needs more than {ctmc.MAX_STATES} states here"
+        )
