@@ -120,6 +120,7 @@ class Workload:
     arrival_rate: float  # total tasks per model second
     load: float  # offered load per node: arrival_rate * service.mean / n
     service: SizeDistribution
+    beta: float | None = None  # Halfin-Whitt spare capacity: arrival_rate = sum(mu_k) - beta sqrt(n)
 
 
 @dataclass(frozen=True)
@@ -211,11 +212,7 @@ class Experiment:
     @cached_property
     def node_speeds(self) -> tuple[float, ...]:
         """Speed of every node, drawn once per experiment from its seed."""
-        rng = np.random.default_rng(seed_sequence(self.seed, "speeds"))
-        speeds: list[float] = []
-        for c in self.classes:
-            speeds.extend(c.speed.draw(rng, c.count))
-        return tuple(speeds)
+        return draw_speeds(self.seed, self.classes)
 
     @property
     def work_rate(self) -> float:
@@ -234,6 +231,15 @@ _STREAMS = {
     "dispatchers": 8,  # the simulator's dispatchers 1..K-1 (dispatcher 0 draws from "policy")
     "node_side": 9,  # node k's own draws (which dispatcher hears of it): one stream per node, see below
 }
+
+
+def draw_speeds(seed: int, classes: Sequence[NodeClass]) -> tuple[float, ...]:
+    """Every node's speed, class by class, from the experiment's speed stream."""
+    rng = np.random.default_rng(seed_sequence(seed, "speeds"))
+    speeds: list[float] = []
+    for c in classes:
+        speeds.extend(c.speed.draw(rng, c.count))
+    return tuple(speeds)
 
 
 def seed_sequence(seed: int, stream: str, replication: int = 0) -> np.random.SeedSequence:
@@ -516,17 +522,26 @@ def parse_spec(data: Mapping[str, Any], source: str = "<spec>") -> Experiment:
     n = sum(c.count for c in classes)
 
     w = top.sub("workload")
-    w.check_keys(("load", "arrival_rate", "service"))
+    w.check_keys(("load", "arrival_rate", "beta", "service"))
     service = _parse_size(w, "service") if w.has("service") else SizeDistribution.of("exponential", 1.0)
-    if w.has("load") == w.has("arrival_rate"):
-        raise w.fail("load", "give exactly one of load (per node) and arrival_rate (total per second)")
+    if sum(w.has(k) for k in ("load", "arrival_rate", "beta")) != 1:
+        raise w.fail(
+            "load",
+            "give exactly one of load (per node), arrival_rate (total per second) and beta (the Halfin-Whitt "
+            "spare capacity)",
+        )
+    beta = None
     if w.has("load"):
         load = w.number("load")
         rate = load * n / service.mean
-    else:
+    elif w.has("arrival_rate"):
         rate = w.number("arrival_rate")
         load = rate * service.mean / n
-    workload = Workload(arrival_rate=rate, load=load, service=service)
+    else:
+        beta = w.number("beta")
+        rate = _halfin_whitt_rate(w, seed, classes, service, beta)
+        load = rate * service.mean / n
+    workload = Workload(arrival_rate=rate, load=load, service=service, beta=beta)
 
     p = top.sub("policy")
     policy = _parse_policy(p, classes, n)
@@ -578,6 +593,25 @@ def parse_spec(data: Mapping[str, Any], source: str = "<spec>") -> Experiment:
     exp = Experiment(name, seed, tuple(classes), workload, policy, run, network, source, data, faults, health)
     _check_stability(exp, top)
     return exp
+
+
+def _halfin_whitt_rate(
+    w: _Reader, seed: int, classes: Sequence[NodeClass], service: SizeDistribution, beta: float
+) -> float:
+    """lambda = sum_k mu_k - beta sqrt(n) for the drawn speeds, mu_k = s_k / mean work (docs/theory.md,
+    "The heterogeneous-JSQ model")."""
+    if any(c.discipline == "pool" for c in classes):
+        raise w.fail("beta", "beta sets the spare capacity of fcfs or ps nodes; pools have no capacity")
+    speeds = draw_speeds(seed, classes)
+    capacity = sum(speeds) / service.mean
+    rate = capacity - beta * math.sqrt(len(speeds))
+    if rate <= 0:
+        raise w.fail(
+            "beta",
+            f"beta = {beta:g} leaves no arrivals: beta sqrt(n) = {beta * math.sqrt(len(speeds)):.4g} is at "
+            f"least the {capacity:.4g} tasks per second the drawn speeds serve",
+        )
+    return rate
 
 
 def _parse_faults(top: _Reader, spec: PolicySpec, n: int, run: RunSpec) -> tuple[Fault, ...]:

@@ -16,6 +16,7 @@ from lbtestbed.analysis.theory import dispatchers, finite, hetero_ps, queues, su
 from lbtestbed.analysis.theory.fluid import warmup_needed
 from lbtestbed.analysis.theory.numeric import bisect
 from lbtestbed.analysis.theory.pools import (
+    PoolOptimum,
     poisson_jensen_bound,
     pool_load,
     pool_optimum,
@@ -285,9 +286,41 @@ def _pools(exp: Experiment, p: Prediction) -> None:
             )
         if policy == "slta":
             p.set("slta_r", opt.r_star, "r*: the rank of sigma*", f"{POOL_PAPER} Thm 2(b)", limit)
+            _slta_range(exp, p, opt)
+        p.gap(
+            "utility",
+            pj - opt.bound,
+            "at most",
+            f"the Poisson-Jensen bound at this n: no policy's mean utility exceeds it ({_doc(BOUNDS)})",
+        )
     else:
         p.null("utility", f"{policy} on pools has no theory in the papers; the bounds above still hold")
     p.bounds["warmup_needed"] = warmup_needed(exp)
+
+
+def _slta_range(exp: Experiment, p: Prediction, opt: PoolOptimum) -> None:
+    """Warn when beta_n is above the green tokens SLTA sees one slot past sigma*, n (alpha_i* - q*(sigma*)):
+    the decrement that brings r back to r* cannot fire there (docs/theory.md, "Why gamma_0 < 1/2")."""
+    beta = exp.policy.beta
+    assert beta is not None
+    i_star = opt.sigma[0]
+    room = float(opt.alpha[i_star] - opt.fill)
+    p.bounds["slta_beta_range"] = {"beta_n": beta, "green_past_sigma_star": room}
+    if beta < room:
+        return
+    n = exp.n
+    lowest = 2.0 / n  # n beta_n >= 2 (the parser's bound)
+    fix = (
+        f"beta_scale below {room * n**0.25:.3g} (beta below {room:.3g}) brings it back"
+        if room > lowest
+        else f"no beta_n at n = {n} is both below {room:.3g} and at least 2 / n"
+    )
+    p.warn(
+        f"slta: beta_n = {beta:.3g} is not below alpha_i* - q*(sigma*) = {room:.3g}, the fraction of pools "
+        f"holding a green token one slot past sigma* (class {exp.classes[i_star].name}): the decrement "
+        f"cannot bring r back from r* + 1 and r may settle above r* = {opt.r_star}, with utility below "
+        f"JLMU's; {fix} (docs/theory.md, \"Why gamma_0 < 1/2\")"
+    )
 
 
 # ------------------------------------------------------------------------------------------- queues
