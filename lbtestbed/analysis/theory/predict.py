@@ -318,8 +318,8 @@ def _slta_range(exp: Experiment, p: Prediction, opt: PoolOptimum) -> None:
     p.warn(
         f"slta: beta_n = {beta:.3g} is not below alpha_i* - q*(sigma*) = {room:.3g}, the fraction of pools "
         f"holding a green token one slot past sigma* (class {exp.classes[i_star].name}): the decrement "
-        f"cannot bring r back from r* + 1 and r may settle above r* = {opt.r_star}, with utility below "
-        f"JLMU's; {fix} (docs/theory.md, \"Why gamma_0 < 1/2\")"
+        f"cannot bring r back from r* + 1 and r may sit above r* = {opt.r_star}, with utility below "
+        f'JLMU\'s; {fix} (docs/theory.md, "Why gamma_0 < 1/2")'
     )
 
 
@@ -563,13 +563,22 @@ def _join_idle(exp: Experiment, p: Prediction) -> None:
             f"regime (0, {HW_BETA_MAX}] where E[#idle] ~ sqrt(n) beta / c applies",
         )
         return
+    idle = math.sqrt(n) * beta / fairness
+    if idle > n / 2:
+        p.null(
+            "idle_nodes",
+            f"sqrt(n) beta / c = {idle:.3g} idle nodes is more than half of n = {n}: far from the "
+            "Halfin-Whitt regime, where the idle count is small next to n",
+        )
+        return
     p.set(
         "idle_nodes",
-        math.sqrt(n) * beta / fairness,
+        idle,
         "sqrt(n) beta / c, c = <iota, eta> of the tie-break",
         f"{HJSQ_PAPER} Thm 4.1; {_doc('Idle nodes in the diffusion limit')}",
         ["Halfin-Whitt diffusion limit", "exponential work", "approximation"],
     )
+    finite.halfin_whitt_gap(exp, p, idle)
 
 
 def _jiq_dispatchers(exp: Experiment, p: Prediction, speed: float) -> None:
