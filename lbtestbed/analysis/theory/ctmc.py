@@ -314,7 +314,7 @@ def _largest_k(n: int, max_states: int) -> int:
 def _compute(model: Model, max_states: int, tolerance: float) -> Exact | None:
     """Three small truncations show the ratio r by which the increments fall from one K to the next; the K
     whose remaining error meets the tolerance (at most the largest the state budget allows) is then solved
-    with K - 1 beside it."""
+    with K - 1 beside it, unless the ratio says that even that K would miss MAX_ERROR by far."""
     top = _largest_k(model.n, max_states)
     if top < 3:
         return None
@@ -334,6 +334,8 @@ def _compute(model: Model, max_states: int, tolerance: float) -> Exact | None:
     if _relative_error(x) > tolerance and r > 0:
         K += math.ceil(math.log(tolerance / _relative_error(x)) / math.log(r))
     K = min(max(K, probe), top)
+    if probe < K and 0 < r < 1 and _relative_error(x) * r ** (K - probe) > 2 * MAX_ERROR:
+        return None  # even the largest K the budget allows would not bring the error under MAX_ERROR
     if K - 2 in solved:  # the ratio at the top itself, where the three are at hand
         step, before = (
             abs(at(K).mean_tasks - at(K - 1).mean_tasks),
