@@ -8,7 +8,8 @@ Two parts, each against a baseline in the same run:
    load 0.9, K = 3 and 4 (K = 5, the largest ``lbt predict`` solves by default, takes SuperLU minutes, so
    only ours runs there). Wall and CPU seconds, and their ratio.
 2. ``predict`` on every example spec, cold (an empty disk cache, a fresh process state) and warm (the disk
-   cache the cold run wrote), wall seconds.
+   cache the cold run wrote), wall seconds; and cold on 20 fcfs nodes at load 0.9 under JSQ, JIQ and
+   JSQ(2), the largest everyday cases.
 
     .venv/bin/python benchmarks/bench_predict.py
 """
@@ -59,7 +60,7 @@ def solver_part() -> None:
 
 def predict_part() -> None:
     from lbtestbed.analysis.theory import ctmc, predict
-    from lbtestbed.model.spec import load_spec
+    from lbtestbed.model.spec import load_spec, parse_spec
 
     with tempfile.TemporaryDirectory() as cache:
         os.environ["XDG_CACHE_HOME"] = cache
@@ -71,6 +72,20 @@ def predict_part() -> None:
             ctmc.exact.cache_clear()
             _, warm, _ = timed(lambda exp=exp: predict(exp))
             print(f"  {path.name:32s} cold {cold:6.2f} s   warm {warm:6.3f} s")
+        for policy in ("jsq", "jiq", "power_of_d"):  # the everyday cluster: 20 fcfs nodes at load 0.9
+            exp = parse_spec(
+                {
+                    "name": f"{policy}-20",
+                    "classes": [{"name": "s", "count": 20, "discipline": "fcfs"}],
+                    "workload": {"load": 0.9},
+                    "policy": {"name": policy},
+                    "run": {"duration": 100.0},
+                }
+            )
+            ctmc.exact.cache_clear()
+            r, cold, cpu = timed(lambda exp=exp: predict(exp))
+            regime = r.metrics["mean_sojourn"]["regime"]
+            print(f"  {policy + ', 20 nodes, load 0.9':32s} cold {cold:6.2f} s ({cpu:.2f} s cpu), {regime}")
 
 
 def main() -> None:
