@@ -23,9 +23,10 @@ REFINED_SOURCE = (
     "Gast and Van Houdt 2017 (Proc. ACM Meas. Anal. Comput. Syst. 1(2), DOI 10.1145/3154491); "
     f'{THEORY}, "Refined mean field: the 1/n term"'
 )
-ERLANG_SOURCE = f'textbook queueing (M/M/n, Erlang C); {THEORY}, "The finite-n gap of a limit"'
+GAP_SOURCE = f'{THEORY}, "The finite-n gap of a limit"'
 #: a limit whose gap at this n is larger than this (relative) is worth a warning
 LARGE_GAP = 0.02
+PROBES = "every task sees the true occupancy (probes answered at once)"
 #: the refined value's stated error is this many times c2 / n^2 (c2 itself carries the O(1/n0^3) rest)
 SAFETY = 2.0
 #: tail points below this are not listed
@@ -47,15 +48,20 @@ def _cut(tail: Sequence[float], errors: Sequence[float]) -> tuple[list[float], l
 
 def _truncation(x: ctmc.Exact) -> str:
     return (
-        f"exact chain of {x.states} states (at most {x.K} tasks per node; the arrivals it drops, "
-        f"{x.dropped:.2g} of them, bound the truncation: error estimated from K - 1 -> K)"
+        f"exact chain of {x.states} states (at most {x.K} tasks per node, which drops {x.dropped:.2g} of "
+        "the arrivals; the error is estimated from K - 1 -> K)"
     )
 
 
 def _apply_exact(exp: Experiment, p: Prediction, x: ctmc.Exact, fcfs: bool, tokens: bool) -> None:
     n = exp.n
     how = _truncation(x)
-    assumes = ["exponential work", "one dispatcher with the exact state (or a full view)"]
+    sees = (
+        PROBES
+        if exp.policy.name in ("power_of_d", "least_request")
+        else "one dispatcher with the exact state"
+    )
+    assumes = ["exponential work", sees]
     e = x.errors
     p.finite(
         "mean_sojourn",
@@ -137,69 +143,51 @@ def supermarket(exp: Experiment, p: Prediction, speed: float, fcfs: bool) -> Non
     work on ps nodes the limit stays, with the exponential refined correction as its estimated gap."""
     pol, work = exp.policy, exp.workload.service
     assert isinstance(pol.d, int)
+    if pol.d < 2:
+        return  # d = 1 is random routing: M/M/1 or M/G/1-PS per node, the value at every n
     model = _model(exp, "power_of_d", speed)
-    if pol.d >= 2 and work.dist == "exponential":
+    if work.dist == "exponential":
         x = ctmc.exact(model)
         if x is not None:
             _apply_exact(exp, p, x, fcfs, tokens=False)
             return
-    if pol.d < 2:
-        return  # d = 1 is random routing: the limit is every n's value (M/M/1 per node)
+    e = refined.supermarket_expansion(model.lam / (exp.n * model.mu), pol.d, model.mu, pol.replace)
+    if work.dist == "exponential":
+        _apply_refined(exp, p, model, e, fcfs)
+    else:
+        _insensitive_gap(exp, p, e)
+
+
+def _apply_refined(
+    exp: Experiment, p: Prediction, model: ctmc.Model, e: refined.Expansion, fcfs: bool
+) -> None:
     n = exp.n
-    rho = model.lam / (n * model.mu)
-    e = refined.supermarket_expansion(rho, pol.d, model.mu, pol.replace)
-    a = model.lam / n  # arrivals per node per unit time
-    if work.dist != "exponential":
-        limit = p.metrics["mean_sojourn"]["value"]
-        p.gap(
-            "mean_sojourn",
-            e.correction() / n / a,
-            "estimate",
-            "the refined 1/n term for exponential work; on ps nodes the mean field is insensitive to the "
-            "work law, its 1/n term is not known to be",
-        )
-        if abs(e.correction() / n / a) > LARGE_GAP * limit:
-            p.warn(
-                f"mean_sojourn: the limit {limit:.4g} is about {100 * e.correction() / n / a / limit:.0f} % "
-                f"below the value at n = {n} for exponential work; no finite-n value for {work.dist} work"
-            )
-        return
-    small = _small_exact(model, pol.d)
+    small = _small_exact(model, model.d)
     n0 = small.model.n if small else None
-    how = (
-        f"the refined mean field at n = {n} (mean field + V / n; error O(1/n^2), stated as 2 c2 / n^2 with "
-        + (
-            f"c2 from the exact chain at n0 = {n0})"
-            if n0
-            else "no exact chain to estimate c2: error unknown)"
-        )
+    known = (
+        f"c2 from the exact chain at n0 = {n0})" if n0 else "no exact chain to estimate c2: error unknown)"
     )
-    assumes = ["exponential work", "one dispatcher with the exact state"]
+    how = f"the refined mean field at n = {n} (mean field + V / n; error O(1/n^2), stated as 2 c2 / n^2 with "
+    how += known
+    assumes = ["exponential work", PROBES]
     values = _refined_values(e, n, fcfs)
-    errors = {}
-    if small is not None and n0 is not None:
-        at_n0, refined_n0 = _exact_values(small, fcfs), _refined_values(e, n0, fcfs)
-        errors = {k: SAFETY * abs(at_n0[k] - refined_n0[k]) * n0 * n0 / (n * n) for k in values}
-    for metric, value in values.items():
-        p.finite(metric, value, how, REFINED_SOURCE, FINITE_N, errors.get(metric), assumes)
-    L = values["mean_tasks_per_node"]
-    p.finite(
-        "tasks_in_system",
-        n * L,
-        how,
-        REFINED_SOURCE,
-        FINITE_N,
-        None if not errors else n * errors["mean_tasks_per_node"],
-        assumes,
-    )
+    errors: dict[str, float] = {}
     tail = e.tail(n)
     tail_errors: list[float] | None = None
-    if small is not None and n0 is not None:
+    if small is not None and n0 is not None:  # c2 = n0^2 |exact - refined| at n0, then 2 c2 / n^2
+        scale = SAFETY * n0 * n0 / (n * n)
+        at_n0, refined_n0 = _exact_values(small, fcfs), _refined_values(e, n0, fcfs)
+        errors = {k: scale * abs(at_n0[k] - refined_n0[k]) for k in values}
         ref0 = e.tail(n0)
         tail_errors = [
-            SAFETY * abs((small.tail[j] if j < len(small.tail) else 0.0) - ref0[j]) * n0 * n0 / (n * n)
-            for j in range(len(tail))
+            scale * abs((small.tail[j] if j < len(small.tail) else 0.0) - ref0[j]) for j in range(len(tail))
         ]
+    for metric, value in values.items():
+        p.finite(metric, value, how, REFINED_SOURCE, FINITE_N, errors.get(metric), assumes)
+    L, error = values["mean_tasks_per_node"], errors.get("mean_tasks_per_node")
+    p.finite(
+        "tasks_in_system", n * L, how, REFINED_SOURCE, FINITE_N, None if error is None else n * error, assumes
+    )
     tail, cut_errors = _cut(tail, tail_errors or [])
     for c in exp.classes:
         p.finite_tail(
@@ -210,6 +198,24 @@ def supermarket(exp: Experiment, p: Prediction, speed: float, fcfs: bool) -> Non
         p.warn(
             f"the refined mean field moves the mean tasks by {100 * shift:.0f} % from the limit at n = {n}: "
             "its O(1/n^2) error may be large"
+        )
+
+
+def _insensitive_gap(exp: Experiment, p: Prediction, e: refined.Expansion) -> None:
+    """Non-exponential work on ps nodes: the limit stays; the exponential 1/n term estimates its gap."""
+    n, limit = exp.n, p.metrics["mean_sojourn"]["value"]
+    gap = e.correction() / n / (e.rho * e.mu)  # V / n in tasks per node, over the arrival rate per node
+    p.gap(
+        "mean_sojourn",
+        gap,
+        "estimate",
+        "the refined 1/n term for exponential work; on ps nodes the mean field is insensitive to the work "
+        "law, its 1/n term is not known to be",
+    )
+    if abs(gap) > LARGE_GAP * limit:
+        p.warn(
+            f"mean_sojourn: the limit {limit:.4g} is about {100 * gap / limit:.0f} % below the value at "
+            f"n = {n} for exponential work; no finite-n value for {exp.workload.service.dist} work"
         )
 
 
@@ -259,7 +265,9 @@ def join_idle(exp: Experiment, p: Prediction, speed: float, fcfs: bool) -> None:
     offered = model.lam / mu
     wait = erlang_c(n, offered)
     gap = wait / (n * mu - model.lam)  # M/M/n's mean wait: no dispatching to n separate queues beats it
-    how = "M/M/n's mean wait (Erlang C): pooling the n queues into one is a lower bound for any dispatching"
+    how = (
+        f"M/M/n's mean wait (Erlang C): the n queues pooled, a lower bound for any dispatching ({GAP_SOURCE})"
+    )
     p.gap("mean_sojourn", gap, "at least", how)
     p.gap("mean_tasks_per_node", gap * model.lam / n, "at least", how + ", with Little's law")
     p.gap("tasks_in_system", gap * model.lam, "at least", how + ", with Little's law")
