@@ -486,3 +486,18 @@ def test_rare_tail_levels_are_not_held_against_theory() -> None:
     assert short.counts and short.agrees and short.points == 3  # 25 * 1.48 * 20 / (20 * 1000) = 0.037
     long = next(v for v in compare(Side(run(1e6)), Side(theory)) if v.metric == "occupancy_tail[s]")
     assert long.points == 4 and not long.agrees and long.worst_j == 4
+
+
+def test_the_limits_of_several_dispatchers_say_so() -> None:
+    """JIQ with two dispatchers (Lu et al.'s limit with n / K fixed) has no finite-n value here: every one of
+    its values is a limit, whatever code set it; a full view of JSQ keeps the exact one-dispatcher values."""
+    jiq = predict(queues("jiq", 12, 0.6, dispatchers=2))
+    for metric in ("mean_sojourn", "wait_probability", "mean_tasks_per_node"):
+        assert jiq.metrics[metric]["regime"] == LIMIT, metric
+    assert jiq.metrics["idle_nodes"]["regime"] == EXACT  # flow balance holds for any policy
+    full = predict(queues("jsq", 12, 0.6, dispatchers=2, view="full"))
+    one = predict(queues("jsq", 12, 0.6))
+    assert full.metrics["mean_sojourn"]["regime"] == EXACT
+    assert full.value("mean_sojourn") == one.value("mean_sojourn")
+    local = predict(queues("jsq", 12, 0.6, dispatchers=2))
+    assert local.value("mean_sojourn") is None and "regime" not in local.metrics["mean_sojourn"]
