@@ -49,6 +49,7 @@ from lbtestbed.cluster.launcher import Cluster
 from lbtestbed.loadgen.openloop import LoadReport, drive, poisson_tasks
 from lbtestbed.model.spec import Experiment, load_spec, message_kinds
 from lbtestbed.transport.cluster_file import ClusterFile
+from lbtestbed.transport.signing import Signer
 
 ROOT = Path(__file__).resolve().parents[1]
 NODE_PROCESSES = 2
@@ -264,8 +265,11 @@ def scrape(urls: Sequence[str]) -> Metrics:
     return Metrics(texts)
 
 
-def post(url: str, data: bytes | None, headers: dict[str, str] | None = None) -> tuple[int, Any]:
-    """POST raw bytes; the status and the JSON body (None when the body is not JSON)."""
+def post(url: str, data: bytes | None, headers: dict[str, str] | Key | None = None) -> tuple[int, Any]:
+    """POST raw bytes, signed with ``headers`` if it is a ``Key``; the status and the JSON body (None when
+    the body is not JSON)."""
+    if isinstance(headers, Key):
+        headers, _ = Signer(headers.token).headers("POST", url, data or b"")
     req = urllib.request.Request(
         url, data=data, method="POST", headers={"Content-Type": "application/json", **(headers or {})}
     )
@@ -280,8 +284,15 @@ def post(url: str, data: bytes | None, headers: dict[str, str] | None = None) ->
         return status, None
 
 
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
+@dataclass(frozen=True)
+class Key:
+    """The cluster's key: ``post`` signs the request with it, as a peer of the cluster does."""
+
+    token: str
+
+
+def signed_by(token: str) -> Key:
+    return Key(token)
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> None:
@@ -1069,7 +1080,7 @@ def test_bad_task_is_refused_with_400_naming_the_field(limited: Live, body: byte
     if field is not None:
         assert reply.get("field") == field, reply
     # the same on a node's own task endpoint (with the token, which the dispatcher sends its nodes)
-    status, reply = post(f"{limited.file.node_urls()[0]}/tasks", body, bearer(limited.file.token))
+    status, reply = post(f"{limited.file.node_urls()[0]}/tasks", body, signed_by(limited.file.token))
     assert status == 400 and isinstance(reply, dict) and reply.get("error"), (status, reply)
     if field is not None:
         assert reply.get("field") == field
@@ -1089,31 +1100,39 @@ def test_oversized_body_is_refused_with_413(limited: Live) -> None:
     pad = b"x" * (64 * 1024)
     big = b'{"work": 1.0, "pad": "' + pad + b'"}'  # 64 KiB + 23 bytes
     for url in (f"{limited.dispatcher}/v1/tasks", f"{limited.file.node_urls()[0]}/tasks"):
-        status, reply = post(url, big, bearer(limited.file.token))
+        status, reply = post(url, big, signed_by(limited.file.token))
         assert status == 413, (url, status)
         assert isinstance(reply, dict) and reply.get("error"), reply
     status, _ = post(
         f"{limited.dispatcher}/v1/messages",
         b'{"messages": [], "pad": "' + pad + b'"}',
-        bearer(limited.file.token),
+        signed_by(limited.file.token),
     )
     assert status == 413
     assert counts(limited) == before
 
 
-def test_state_messages_and_probes_need_the_token(limited: Live) -> None:
-    """Peers' requests need `Authorization: Bearer <token>`: missing, wrong or without the scheme is 401,
-    and nothing reaches the policy or the node model."""
+def test_state_messages_and_probes_need_a_signature(limited: Live) -> None:
+    """Peers' requests must be signed with the cluster's key (docs/protocol.md, "Authentication"): none,
+    the key itself as a bearer token, a signature by another key or one made for another body is 401, and
+    nothing reaches the policy or the node model."""
     f = limited.file
     before = counts(limited)
     node0 = f.node_urls()[0]
     message = json.dumps({"messages": [{"kind": "idle_token", "node": 0, "data": []}]}).encode()
-    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f.token}):
-        for url, body in (
-            (f"{limited.dispatcher}/v1/messages", message),
-            (f"{node0}/probe", b""),
-            (f"{node0}/messages", message),
-            (f"{node0}/tasks", b'{"work": 1.0}'),  # a task forwarded to a node (docs/protocol.md)
+    targets = (
+        (f"{limited.dispatcher}/v1/messages", message),
+        (f"{node0}/probe", b""),
+        (f"{node0}/messages", message),
+        (f"{node0}/tasks", b'{"work": 1.0}'),  # a task forwarded to a node (docs/protocol.md)
+    )
+    for url, body in targets:
+        for headers in (
+            {},
+            {"Authorization": f"Bearer {f.token}"},
+            {"Authorization": f.token},
+            Signer("0" * 32).headers("POST", url, body)[0],  # another cluster's key
+            Signer(f.token).headers("POST", url, body + b" ")[0],  # made for another body
         ):
             status, reply = post(url, body, headers)
             assert status == 401, (url, headers, status, reply)
@@ -1121,8 +1140,8 @@ def test_state_messages_and_probes_need_the_token(limited: Live) -> None:
     nodes = scrape(limited.hosts)
     assert nodes.by("lbtestbed_node_messages_received_total", "kind") == {}
     assert counts(limited) == before
-    # with the token the probe is answered
-    status, reply = post(f"{node0}/probe", b"", bearer(f.token))
+    # signed, the probe is answered
+    status, reply = post(f"{node0}/probe", b"", signed_by(f.token))
     assert status == 200 and reply["node"] == 0 and reply["x"] >= 0
 
 
@@ -1140,7 +1159,7 @@ def test_unknown_node_is_404(limited: Live) -> None:
             ("probe", b""),
             ("messages", json.dumps({"messages": [{"kind": "epoch", "node": 0}]}).encode()),
         ):
-            status, reply = post(f"{first.url}/v1/nodes/{k}/{endpoint}", body, bearer(f.token))
+            status, reply = post(f"{first.url}/v1/nodes/{k}/{endpoint}", body, signed_by(f.token))
             assert status == 404, (k, endpoint, status, reply)
             if isinstance(k, int) and k >= 0:
                 assert isinstance(reply, dict) and f"no node {k}" in reply.get("error", ""), reply
@@ -1149,7 +1168,9 @@ def test_unknown_node_is_404(limited: Live) -> None:
     # a message about a node the cluster does not have, or of a kind this policy never sends: 400
     for message in ({"kind": "idle_token", "node": 99}, {"kind": "departure", "node": 0}):
         status, reply = post(
-            f"{limited.dispatcher}/v1/messages", json.dumps({"messages": [message]}).encode(), bearer(f.token)
+            f"{limited.dispatcher}/v1/messages",
+            json.dumps({"messages": [message]}).encode(),
+            signed_by(f.token),
         )
         assert status == 400 and reply.get("field"), reply
     assert scrape([limited.dispatcher]).by("lbtestbed_dispatcher_messages_received_total", "kind") == {}

@@ -40,13 +40,13 @@ from typing import Any
 import pytest
 from test_cluster import (
     Metrics,
-    bearer,
     cluster_urls,
     fcfs_spec,
     get,
     pool_spec,
     post,
     scrape,
+    signed_by,
     wait_until,
     write_spec,
 )
@@ -83,7 +83,7 @@ def switch(f: ClusterFile, index: int, active: bool) -> None:
     """Switch fault ``index`` on or off in every process of the cluster."""
     for e in f.dispatchers + f.node_hosts:
         body = json.dumps({"fault": index, "active": active}).encode()
-        status, reply = post(f"{e.url}{PREFIX}/faults", body, bearer(f.token))
+        status, reply = post(f"{e.url}{PREFIX}/faults", body, signed_by(f.token))
         assert status == 200 and (index in reply["active"]) == active, (e.url, status, reply)
 
 

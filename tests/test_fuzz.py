@@ -68,7 +68,7 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
-from test_cluster import bearer, cluster_urls, get, post, scrape, write_spec
+from test_cluster import cluster_urls, get, post, scrape, signed_by, write_spec
 from test_protocol_docs import FCFS_SPEC, NOWHERE, fcfs_experiment, serve, slta_experiment
 
 from lbtestbed.cli import main as lbt_main
@@ -80,6 +80,7 @@ from lbtestbed.server_node.app import build_app as build_node_app
 from lbtestbed.server_node.host import NodeHost
 from lbtestbed.transport import wire
 from lbtestbed.transport.cluster_file import ClusterFile
+from lbtestbed.transport.signing import Signer, Verifier
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = schemathesis.openapi.from_path(ROOT / "docs" / "openapi.yaml")
@@ -157,6 +158,11 @@ class Live:
     hosts: list[str]
     pids: list[int]
     ledger: Ledger
+    signer: Signer = field(init=False)
+    signed: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.signer = Signer(self.file.token)
 
     @property
     def token(self) -> str:
@@ -174,6 +180,17 @@ class Live:
 
     def node_url(self, k: int | str) -> str:
         return f"{self.hosts[0]}/v1/nodes/{k}"
+
+    def sign(self, method: str, url: str, body: bytes | None) -> dict[str, str]:
+        """A signed request's headers, as a peer of the cluster makes them (and remembered as such)."""
+        headers, _ = self.signer.headers(method, url, body or b"")
+        self.signed.add(headers["Authorization"])
+        return headers
+
+    def authorized(self, headers: Mapping[str, str]) -> bool:
+        """Whether a request carries a signature this test made (the documented answers assume its body
+        and path were not changed since, which ``exchange`` ensures by signing the prepared request)."""
+        return headers.get("Authorization") in self.signed
 
 
 @pytest.fixture(scope="module")
@@ -311,7 +328,7 @@ def documented_answer(
 ) -> Answer:
     """What the request gets, from docs/protocol.md (Conventions, Status codes, the endpoint sections)."""
     exp = live.exp
-    authorized = headers.get("Authorization") == f"Bearer {live.token}"
+    authorized = live.authorized(headers)
     if path == "/v1/faults":
         return fault_switch_answer(body, headers, authorized)
     if (role, path) == ("nodes", "/v1/state"):
@@ -492,8 +509,6 @@ def test_fuzzed_requests_get_their_documented_answers(
             case.path_parameters["node"] = int(node)
         if secured and token != "drawn":
             case.headers.pop("Authorization", None)
-            if token == "right":
-                case.headers["Authorization"] = f"Bearer {live.token}"
         kwargs = case.as_transport_kwargs(base_url=base)
         try:
             prepared = requests.Request(
@@ -507,6 +522,9 @@ def test_fuzzed_requests_get_their_documented_answers(
         except (requests.exceptions.InvalidJSONError, requests.exceptions.InvalidHeader):
             assume(False)  # the client cannot send it (NaN in a JSON body, a header with a line break)
             return
+        if secured and token == "right":  # signed as sent: method, path and body (docs/protocol.md)
+            body = prepared.body.encode() if isinstance(prepared.body, str) else prepared.body
+            prepared.headers.update(live.sign(prepared.method or "", prepared.url or "", body))
         try:
             ex = exchange(live, session, role, prepared)
         except UnicodeEncodeError:
@@ -541,7 +559,7 @@ def test_fuzzed_message_batches_get_their_documented_answers(live: Live, role: s
     @fuzz_settings(120)
     @given(batch=message_batches(live.exp.n, ["idle_token"] if role == "dispatcher" else []))
     def fuzz(batch: Any) -> None:
-        prepared = prepare("POST", url, bearer(live.token), json_bytes(batch))
+        prepared = prepare("POST", url, live.sign("POST", url, json_bytes(batch)), json_bytes(batch))
         ex = exchange(live, session, role, prepared)
         check_answer(ex)
         assert ex.response is not None
@@ -565,7 +583,7 @@ def dispatcher_task(live: Live, body: bytes, headers: Mapping[str, str] | None =
 
 def node_task(live: Live, body: bytes, k: int | None = None) -> tuple[int, Any]:
     k = live.here[0] if k is None else k
-    status, reply = post(f"{live.node_url(k)}/tasks", body, bearer(live.token))
+    status, reply = post(f"{live.node_url(k)}/tasks", body, signed_by(live.token))
     live.ledger.admitted_at_nodes += status == 200
     live.ledger.refused_at_nodes += status == 503
     return status, reply
@@ -683,7 +701,7 @@ def test_bodies_of_the_limit_are_read_and_one_byte_more_is_413(live: Live) -> No
     assert_error(*dispatcher_task(live, over), 413, None)
     assert_error(*node_task(live, over), 413, None)
     for url in (f"{live.dispatcher}/v1/messages", f"{live.node_url(live.here[0])}/messages"):
-        assert_error(*post(url, messages, bearer(live.token)), 413, None)
+        assert_error(*post(url, messages, signed_by(live.token)), 413, None)
     # a compressed body that inflates beyond the limit is measured after inflating
     bomb = gzip.compress(padded(10 * wire.MAX_BODY, work=1.0))
     assert len(bomb) < wire.MAX_BODY
@@ -714,9 +732,8 @@ def test_other_methods_get_405(live: Live, role: str, path: str, allowed: str) -
         methods.add("HEAD")
     session = requests.Session()
     for method in sorted(methods):
-        r = session.request(
-            method, base + path, headers=bearer(live.token), data=b'{"work": 1}', timeout=TIMEOUT
-        )
+        headers = live.sign(method, base + path, b'{"work": 1}')
+        r = session.request(method, base + path, headers=headers, data=b'{"work": 1}', timeout=TIMEOUT)
         assert r.status_code == 405, (method, path, r.status_code, r.text)
         assert r.headers["Content-Type"].startswith("text/plain"), r.headers
         assert allowed in r.headers["Allow"].split(","), r.headers
@@ -728,23 +745,23 @@ AUTH_HEADERS = [
     {},
     {"Authorization": ""},
     {"Authorization": "Bearer"},
-    {"Authorization": "Bearer "},
-    {"Authorization": "Bearer wrong"},
+    {"Authorization": "Bearer TOKEN"},  # the key itself, as the first version of the protocol sent it
+    {"Authorization": "TOKEN"},
     {"Authorization": "Basic dXNlcjpwYXNz"},
-    {"Authorization": "TOKEN"},  # replaced by the cluster's token below
-    {"Authorization": "Bearer  TOKEN"},  # two spaces
-    {"Authorization": "bearer TOKEN"},  # the scheme's case matters here (docs/protocol.md, Known gaps)
-    {"Authorization": "Bearer TOKENx"},
-    {"Authorization": "Bearer TOKE"},
-    {"X-Authorization": "Bearer TOKEN"},
+    {"Authorization": "LBT-MAC"},
+    {"Authorization": "LBT-MAC x:1:1:0"},
+    {"Authorization": "LBT-MAC 0011223344556677:1:1767268800.0:00000000000000000000000000000000"},
+    {"Authorization": "lbt-mac SIG"},  # the scheme's case matters (docs/protocol.md)
+    {"Authorization": "LBT-MAC SIGx"},  # a valid signature, changed
+    {"Authorization": "LBT-MAC  SIG"},  # two spaces
+    {"X-Authorization": "LBT-MAC SIG"},
 ]
 
 
 @pytest.mark.parametrize("headers", AUTH_HEADERS)
-def test_internal_endpoints_refuse_requests_without_the_token(live: Live, headers: dict[str, str]) -> None:
-    """No token, a wrong one, or the right one in the wrong form: 401 before anything is looked at, at each
-    endpoint that takes the token; nothing reaches the policy or the node model."""
-    sent = {k: v.replace("TOKEN", live.token) for k, v in headers.items()}
+def test_internal_endpoints_refuse_requests_without_a_signature(live: Live, headers: dict[str, str]) -> None:
+    """No signature, the key as a token, a malformed or a wrong one: 401 before anything but the body's
+    size is looked at, at each endpoint that peers use; nothing reaches the policy or the node model."""
     before = scrape([live.dispatcher, *live.hosts])
     message = json.dumps({"messages": [{"kind": "idle_token", "node": 0}]}).encode()
     for url, body in (
@@ -752,8 +769,10 @@ def test_internal_endpoints_refuse_requests_without_the_token(live: Live, header
         (f"{live.node_url(live.here[0])}/tasks", b'{"work": 1}'),
         (f"{live.node_url(live.here[0])}/probe", b""),
         (f"{live.node_url(live.here[0])}/messages", message),
-        (f"{live.node_url(99)}/tasks", b"{"),  # 401 before the node id and the body
+        (f"{live.node_url(99)}/tasks", b"{"),  # 401 before the node id and the body's JSON
     ):
+        signature = Signer(live.token).headers("POST", url, body)[0]["Authorization"].split(" ", 1)[1]
+        sent = {k: v.replace("TOKEN", live.token).replace("SIG", signature) for k, v in headers.items()}
         assert_error(*post(url, body, sent), 401, None)
     after = scrape([live.dispatcher, *live.hosts])
     for name in (
@@ -791,7 +810,7 @@ def test_unknown_kinds_and_nodes_are_refused(
     url = f"{live.dispatcher}/v1/messages" if role == "dispatcher" else f"{live.node_url(0)}/messages"
     received = ("lbtestbed_dispatcher_messages_received_total", "lbtestbed_node_messages_received_total")
     before = scrape([live.dispatcher, *live.hosts])
-    assert_error(*post(url, json_bytes({"messages": [message]}), bearer(live.token)), 400, field)
+    assert_error(*post(url, json_bytes({"messages": [message]}), signed_by(live.token)), 400, field)
     after = scrape([live.dispatcher, *live.hosts])
     assert [after.total(name) for name in received] == [before.total(name) for name in received]
 
@@ -799,10 +818,11 @@ def test_unknown_kinds_and_nodes_are_refused(
 def test_node_ids_out_of_range_get_404(live: Live) -> None:
     """A node of the other host, or of no host: the JSON 404; a segment that is not digits: no route."""
     for k in (live.elsewhere, live.exp.n, 10**40):
-        status, reply = post(f"{live.node_url(k)}/probe", b"", bearer(live.token))
+        status, reply = post(f"{live.node_url(k)}/probe", b"", signed_by(live.token))
         assert (status, reply) == (404, {"error": f"no node {k} here"})
     for segment in ("-1", "1e0", "0x1", "%20", "", "1%2F0", "0.5"):
-        status, text = get_plain(f"{live.hosts[0]}/v1/nodes/{segment}/probe", "POST", bearer(live.token))
+        url = f"{live.hosts[0]}/v1/nodes/{segment}/probe"
+        status, text = get_plain(url, "POST", live.sign("POST", url, b""))
         assert (status, text) == (404, "404: Not Found"), segment
 
 
@@ -853,7 +873,8 @@ def test_chunked_bodies_without_a_length_are_read_and_limited(live: Live) -> Non
     reply = raw_request(live.dispatcher, head + chunked(padded(wire.MAX_BODY + 1, work=1.0)))
     assert status_of(reply) == 413 and reply.endswith(b'{"error": "body larger than 65536 bytes"}'), reply
     node = f"POST /v1/nodes/{live.here[0]}/tasks HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
-    node_head = (node + f"Authorization: Bearer {live.token}\r\nConnection: close\r\n\r\n").encode()
+    signature = live.sign("POST", f"{live.node_url(live.here[0])}/tasks", b'{"work": 2.5}')["Authorization"]
+    node_head = (node + f"Authorization: {signature}\r\nConnection: close\r\n\r\n").encode()
     reply = raw_request(live.hosts[0], node_head + chunked(b'{"work": 2.5}', size=1))
     live.ledger.admitted_at_nodes += status_of(reply) == 200
     assert status_of(reply) == 200, reply
@@ -995,8 +1016,11 @@ async def in_process(exp: Experiment | None = None) -> Any:
 
 
 async def post_status(
-    session: aiohttp.ClientSession, url: str, data: bytes, headers: Mapping[str, str]
+    session: aiohttp.ClientSession, url: str, data: bytes, headers: Mapping[str, str] | None = None
 ) -> tuple[int, str]:
+    """POST ``data``; without ``headers``, signed with the key ``T`` of the in-process apps, as a peer."""
+    if headers is None:
+        headers = Signer("T").headers("POST", url, data)[0]
     async with session.post(url, data=data, headers=dict(headers)) as r:
         return r.status, await r.text()
 
@@ -1011,9 +1035,7 @@ async def test_deeply_nested_json_gets_400() -> None:
     async with in_process() as (session, disp, nodes, _):
         status, text = await post_status(session, f"{disp}/v1/tasks", b"[" * 60000, {})
         assert status == 400, text
-        status, text = await post_status(
-            session, f"{nodes}/v1/nodes/0/messages", b"[" * 60000, {"Authorization": "Bearer T"}
-        )
+        status, text = await post_status(session, f"{nodes}/v1/nodes/0/messages", b"[" * 60000)
         assert status == 400, text
 
 
@@ -1033,7 +1055,6 @@ async def test_an_integer_beyond_float_range_is_read() -> None:
             session,
             f"{nodes}/v1/nodes/0/tasks",
             b'{"work": -1' + b"0" * 400 + b"}",
-            {"Authorization": "Bearer T"},
         )
         assert status == 400, text
         assert json.loads(text).get("field") == "work", text
@@ -1080,9 +1101,7 @@ BUG_LONG_NODE_ID = (
 
 async def test_a_node_id_of_5000_digits_gets_404() -> None:
     async with in_process() as (session, _, nodes, _):
-        status, text = await post_status(
-            session, f"{nodes}/v1/nodes/{'1' * 5000}/probe", b"", {"Authorization": "Bearer T"}
-        )
+        status, text = await post_status(session, f"{nodes}/v1/nodes/{'1' * 5000}/probe", b"")
         assert status == 404, text
 
 
@@ -1103,8 +1122,9 @@ async def test_a_rider_for_a_node_outside_the_cluster_is_dropped_and_the_task_co
         return web.json_response({"incarnation": 1, "model_time": 0.0, "reports": reports})
 
     app = web.Application()
-    app.router.add_post(r"/v1/nodes/{node:\d+}/tasks", liar)
-    app.router.add_get("/v1/state", state)
+    key = Verifier("T")  # the liar holds the key: what it says is a peer's word
+    app.router.add_post(r"/v1/nodes/{node:\d+}/tasks", wire.signed(key, liar))
+    app.router.add_get("/v1/state", wire.signed(key, state))
     fake, base = await serve(app)
     host = DispatcherHost(exp, 0, 1, [f"{base}/v1/nodes/{k}" for k in range(exp.n)], "T")
     server, disp = await serve(build_dispatcher_app(host))
@@ -1125,10 +1145,9 @@ async def test_an_slta_epoch_with_an_unusable_r_is_refused_and_the_pool_serves_o
     task (work 1 at time_scale 0.01: 10 ms) within 2 s."""
     async with in_process(slta_experiment()) as (session, _, nodes, _):
         epoch = {"messages": [{"kind": "epoch", "node": 0, "dispatcher": 0, "data": [1, r, 0, False, False]}]}
-        auth = {"Authorization": "Bearer T"}
-        status, text = await post_status(session, f"{nodes}/v1/nodes/0/messages", json_bytes(epoch), auth)
+        status, text = await post_status(session, f"{nodes}/v1/nodes/0/messages", json_bytes(epoch))
         assert (status, json.loads(text)["field"]) == (400, "messages[0]"), text
-        task = post_status(session, f"{nodes}/v1/nodes/0/tasks", b'{"work": 1}', auth)
+        task = post_status(session, f"{nodes}/v1/nodes/0/tasks", b'{"work": 1}')
         status, text = await asyncio.wait_for(task, 2.0)
         assert status == 200, text
 

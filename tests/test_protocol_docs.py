@@ -37,6 +37,7 @@ from lbtestbed.policies.slta import Thresholds
 from lbtestbed.server_node.app import build_app as build_node_app
 from lbtestbed.server_node.host import NodeHost
 from lbtestbed.transport import wire
+from lbtestbed.transport.signing import Signer
 
 ROOT = Path(__file__).resolve().parents[1]
 OPENAPI = ROOT / "docs" / "openapi.yaml"
@@ -263,9 +264,13 @@ class Caller:
         body: Any = None,
         raw: bytes | None = None,
     ) -> tuple[int, Any]:
-        headers = wire.bearer(token) if token is not None else {}
-        kwargs: dict[str, Any] = {"data": raw} if raw is not None else {"json": body}
-        async with self.session.request(method, base + (path or template), headers=headers, **kwargs) as resp:
+        if raw is None and body is not None:
+            raw = json.dumps(body).encode()
+        url = base + (path or template)
+        headers = {"Content-Type": "application/json"}
+        if token is not None:  # signed as a peer of the cluster signs (docs/protocol.md, Authentication)
+            headers |= Signer(token).headers(method, url, raw or b"")[0]
+        async with self.session.request(method, url, headers=headers, data=raw) as resp:
             status, ctype, data = resp.status, resp.content_type, await resp.read()
         op = self.ops[(method, template)]
         where = f"{method} {path or template} -> {status}: {data[:200]!r}"

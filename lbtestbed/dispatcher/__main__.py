@@ -2,11 +2,14 @@
 
 from lbtestbed.dispatcher.app import build_app
 from lbtestbed.dispatcher.host import DispatcherHost
-from lbtestbed.transport.process import process_args, serve
+from lbtestbed.transport.process import Budget, ConnectionGuard, process_args, raise_fd_limit, serve
 
 cluster, index, listen = process_args("dispatcher")
 me = cluster.dispatchers[index]
+budget = Budget.of("dispatcher", raise_fd_limit())
 host = DispatcherHost(
-    cluster.experiment(), index, len(cluster.dispatchers), cluster.node_urls(), cluster.token
+    cluster.experiment(), index, len(cluster.dispatchers), cluster.node_urls(), cluster.token, me.url
 )
-serve(build_app(host), me.url, f"dispatcher-{index}", listen)
+host.max_in_flight = budget.in_flight
+host.guard = ConnectionGuard(budget.connections)
+serve(build_app(host), me.url, f"dispatcher-{index}", listen, host.guard)

@@ -2,7 +2,13 @@
 
 Every node process is asked for its state (``GET /v1/state``) every ``health.heartbeat`` wall seconds. A
 process that does not answer within ``health.timeout``, or a forward to it that fails on the connection,
-marks all its nodes down: the policy hears ``on_node_down`` and routes nothing there. The first answer
+marks all its nodes down: the policy hears ``on_node_down`` and routes nothing there. A connection refused
+or broken, or an answer not signed with the cluster's key, is evidence that the process is gone and acts at
+once. A timeout is a judgment: it counts only if the check had its time (this process's own event loop
+was not stopped or starved for half of it: ``LoopWatch``; otherwise the check is asked again), and it is
+not applied when it would leave more than ``health.max_ejection`` of the nodes ejected by judgment (the
+cluster's nodes do not all fail at once; a dispatcher that thinks so is more likely wrong itself). A
+failure that is this process's own shortage (no file descriptor) blames nobody. The first answer
 after that brings them back (``on_node_up``): *fresh* when the process restarted (its incarnation changed:
 its tasks and counters are gone, and the ends of tasks routed to its earlier life are not reported to the
 policy), otherwise with the state it kept (a paused process). A dispatcher's first contact with a process
@@ -24,10 +30,13 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import aiohttp
+import orjson
 
 from lbtestbed.model.spec import Experiment
 from lbtestbed.policies import DispatcherSide, Message
 from lbtestbed.transport import wire
+from lbtestbed.transport.http import LOCAL_ERRNOS, LocalError
+from lbtestbed.transport.signing import SIGNATURE, Signer
 
 
 class Owner(Protocol):
@@ -35,7 +44,7 @@ class Owner(Protocol):
 
     exp: Experiment
     node_urls: list[str]
-    token: str
+    signer: Signer
     policy: DispatcherSide
     session: aiohttp.ClientSession | None
 
@@ -55,12 +64,68 @@ EVENTS_KEPT = 1000
 Report = tuple[int, ...]
 
 
+class CheckFailed(Exception):
+    """A health check or probe without an answer: ``kind`` is ``gone`` (refused, broken, an impostor),
+    ``timeout`` or ``local`` (this process ran short: nobody's fault)."""
+
+    def __init__(self, kind: str, reason: str) -> None:
+        super().__init__(reason)
+        self.kind = kind
+
+
+class LoopWatch:
+    """How long this process's event loop could not run: a tick every ``TICK`` wall seconds notes how late
+    it woke. A health deadline that passed while the loop stood still (SIGSTOP, a long GC pause, CPU
+    starvation) says nothing about the peer."""
+
+    TICK = 0.05
+    #: a tick later than this is a stall (the loop's own jitter stays far below)
+    LATE = 0.02
+
+    def __init__(self) -> None:
+        self.last = time.monotonic()
+        self.stalls: deque[tuple[float, float]] = deque(maxlen=256)  # (ended, seconds)
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.TICK)
+            now = time.monotonic()
+            late = now - self.last - self.TICK
+            if late > self.LATE:
+                self.stalls.append((now, late))
+            self.last = now
+
+    def lost_since(self, since: float) -> float:
+        """Wall seconds since ``since`` the loop could not run, the stall going on now included."""
+        now = time.monotonic()
+        lost = sum(min(length, end - since) for end, length in self.stalls if end > since)
+        current = now - self.last - self.TICK
+        return lost + (current if current > self.LATE else 0.0)
+
+    def had(self, since: float, wanted: float) -> bool:
+        """Whether a deadline ``wanted`` seconds after ``since`` had at least half that time to run."""
+        return (time.monotonic() - since) - self.lost_since(since) >= wanted / 2
+
+
+def failure_kind(e: BaseException) -> str:
+    """``gone``, ``timeout`` or ``local`` for an exception of a request to a node process."""
+    if isinstance(e, CheckFailed):
+        return e.kind
+    if isinstance(e, TimeoutError):
+        return "timeout"
+    code = getattr(getattr(e, "os_error", None), "errno", None) or getattr(e, "errno", None)
+    if isinstance(e, LocalError) or code in LOCAL_ERRNOS:
+        return "local"
+    return "gone"
+
+
 class NodeProcess:
     """One node process as the dispatcher tracks it."""
 
     def __init__(self, index: int, url: str, nodes: list[int]) -> None:
         self.index, self.url, self.nodes = index, url, nodes
         self.up = True  # the policy starts with every node up
+        self.judged = False  # down by a judgment (timeouts), which max_ejection bounds
         self.contacted = False
         self.incarnation: int | None = None
         self.reports: deque[tuple[float, dict[int, Report]]] = deque()  # (received at, reports)
@@ -73,6 +138,9 @@ class Health:
         self.host = host
         exp = host.exp
         self.interval, self.timeout = exp.health.heartbeat, exp.health.timeout
+        #: nodes that may be down by judgment at once (timeouts, outliers)
+        self.max_judged = exp.health.max_ejection * exp.n
+        self.watch = LoopWatch()
         # old enough that a report's messages have arrived: the timeout, or far into the emulated delay's
         # tail (20 means: e^-20 of an exponential delay), whichever is longer
         delay = exp.network.delay.mean * exp.run.time_scale if exp.network.delay is not None else 0.0
@@ -93,7 +161,8 @@ class Health:
         self.started = time.monotonic()
         self.events: deque[dict[str, Any]] = deque(maxlen=EVENTS_KEPT)
         self.transitions: Counter[str] = Counter({"down": 0, "up": 0})
-        self.heartbeats: Counter[str] = Counter({"ok": 0, "failed": 0})
+        self.heartbeats: Counter[str] = Counter({"ok": 0, "failed": 0, "local": 0, "stalled": 0})
+        self.spared = 0  # timeouts not acted on: they would have ejected more than max_ejection
         # from 0 for what the policy may resend (SLTA's epochs), so that the first resend is an increase
         self.resent: Counter[str] = Counter({"epoch": 0} if exp.policy.name == "slta" else {})
         self.ignored: Counter[str] = Counter()  # messages from nodes that were down
@@ -102,6 +171,7 @@ class Health:
     def start(self) -> None:
         self.tasks = [asyncio.ensure_future(self._watch(p)) for p in self.processes]
         self.tasks.append(asyncio.ensure_future(self._resend_overdue()))
+        self.tasks.append(asyncio.ensure_future(self.watch.run()))
 
     def stop(self) -> None:
         for t in self.tasks:
@@ -124,38 +194,56 @@ class Health:
             return False
         for p in self.processes:
             if not p.contacted and p.up:
-                self._down(p, f"no answer in the first {FIRST_CONTACT:g} s")
+                self.down(p, f"no answer in the first {FIRST_CONTACT:g} s")
         return True
 
     async def _check(self, p: NodeProcess) -> None:
-        session = self.host.session
-        assert session is not None
-        try:
-            async with session.get(
-                f"{p.url}{wire.PREFIX}/state",
-                headers=wire.bearer(self.host.token),
-                timeout=aiohttp.ClientTimeout(total=self.timeout),
-            ) as resp:
-                if resp.status != 200:
-                    raise ValueError(f"status {resp.status}")
-                body = await resp.json()
-            incarnation = int(body["incarnation"])
-            raw = body["reports"]
-            reports = {k: tuple(int(v) for v in raw[str(k)]) for k in p.nodes}
-        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as e:
-            self.heartbeats["failed"] += 1
-            if p.contacted and p.up:
-                self._down(p, f"health check failed: {str(e) or type(e).__name__}")
-            return
+        """Ask ``p`` for its state; a timeout that this process's own stall caused is asked again."""
+        while True:
+            began = time.monotonic()
+            try:
+                incarnation, reports = await self._ask(p)
+                break
+            except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError, CheckFailed) as e:
+                kind = failure_kind(e)
+                if kind == "timeout" and not self.watch.had(began, self.timeout):
+                    self.heartbeats["stalled"] += 1  # our loop stood still: the node was not judged
+                    continue
+                if kind == "local":
+                    self.heartbeats["local"] += 1
+                    log.warning("health check of node process %d skipped: %s", p.index, e)
+                    return
+                self.heartbeats["failed"] += 1
+                if p.contacted and p.up:
+                    self.down(p, f"health check failed: {str(e) or type(e).__name__}", kind == "timeout")
+                return
         self.heartbeats["ok"] += 1
         self._answered(p, incarnation, reports)
+
+    async def _ask(self, p: NodeProcess) -> tuple[int, dict[int, Report]]:
+        session = self.host.session
+        assert session is not None
+        url = f"{p.url}{wire.PREFIX}/state"
+        headers, tag = self.host.signer.headers("GET", url)
+        async with session.get(
+            url, headers=headers, timeout=aiohttp.ClientTimeout(total=self.timeout)
+        ) as resp:
+            raw = await resp.read()
+            if not self.host.signer.answer_ok(tag, resp.status, raw, resp.headers.get(SIGNATURE)):
+                raise CheckFailed("gone", f"an answer without the cluster's signature (status {resp.status})")
+            if resp.status != 200:
+                raise ValueError(f"status {resp.status}")
+        body = orjson.loads(raw)
+        incarnation = int(body["incarnation"])
+        got = body["reports"]
+        return incarnation, {k: tuple(int(v) for v in got[str(k)]) for k in p.nodes}
 
     def _answered(self, p: NodeProcess, incarnation: int, reports: dict[int, Report]) -> None:
         host, policy = self.host, self.host.policy
         now = time.monotonic()
         fresh = incarnation != p.incarnation
         if fresh and p.contacted and p.up:  # restarted between two checks: it was down all the same
-            self._down(p, "restarted")
+            self.down(p, "restarted")
         if fresh or not p.up:
             for k in p.nodes:
                 if fresh:
@@ -165,7 +253,7 @@ class Health:
             self.up_count += len(p.nodes) if not p.up else 0
             if p.contacted or not p.up:
                 self._event(p, "up", "restarted" if fresh and p.contacted else "answers again", fresh)
-            p.up, p.contacted, p.incarnation = True, True, incarnation
+            p.up, p.judged, p.contacted, p.incarnation = True, False, True, incarnation
             p.reports.clear()
         else:
             while len(p.reports) > 1 and p.reports[1][0] <= now - self.reconcile_age:
@@ -179,14 +267,34 @@ class Health:
 
     # -------------------------------------------------------------------------------- transitions
 
-    def unreachable(self, node: int, reason: str) -> None:
-        """A forward or probe to ``node`` failed on the connection: its process is down until it answers."""
+    def unreachable(self, node: int, reason: str, kind: str = "gone", began: float = 0.0) -> None:
+        """A forward or probe to ``node`` failed (``kind`` as ``failure_kind``; ``began``: when, for a
+        timeout): its process is down until it answers, unless the failure was this process's own."""
         p = self.processes[self.process_of[node]]
-        if p.up:
-            self._down(p, reason)
+        if kind == "local" or not p.up:
+            return
+        if kind == "timeout" and not self.watch.had(began, self.timeout):
+            return  # our own stall, not the node's
+        self.down(p, reason, kind == "timeout")
 
-    def _down(self, p: NodeProcess, reason: str) -> None:
-        p.up = False
+    def judged_down(self) -> int:
+        """Nodes down by judgment now (timeouts)."""
+        return sum(len(p.nodes) for p in self.processes if not p.up and p.judged)
+
+    def down(self, p: NodeProcess, reason: str, judged: bool = False) -> None:
+        """Mark ``p`` down. A judgment (``judged``: a timeout) is not applied when it would leave more than
+        ``health.max_ejection`` of the nodes down by judgment: then the dispatcher keeps routing there."""
+        if judged and self.judged_down() + len(p.nodes) > self.max_judged:
+            self.spared += 1
+            log.warning(
+                "node process %d (%s) not marked down (%s): more than %g of the nodes would be ejected",
+                p.index,
+                p.url,
+                reason,
+                self.host.exp.health.max_ejection,
+            )
+            return
+        p.up, p.judged = False, judged
         p.reports.clear()
         for k in p.nodes:
             self.node_up[k] = False

@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from lbtestbed.dispatcher.health import Health
+from lbtestbed.dispatcher.health import Health, failure_kind
 from lbtestbed.model.distributions import BlockSampler
 from lbtestbed.model.spec import Experiment, message_kinds, seed_sequence, seeded_random
 from lbtestbed.policies import DISPATCHER_BOUND, Message, Probe, Route, make_dispatcher
@@ -33,10 +33,17 @@ from lbtestbed.policies.slta import SLTADispatcher
 from lbtestbed.transport import wire
 from lbtestbed.transport.http import Peers
 from lbtestbed.transport.message_faults import MessageFaults
+from lbtestbed.transport.process import ConnectionGuard
+from lbtestbed.transport.signing import Signer, Verifier
 
 log = logging.getLogger("lbtestbed.dispatcher")
 
 OUTCOMES = ("completed", "refused", "lost")
+#: why a dispatcher refused a task itself (503), rather than its node: it was starting, no node was up, it
+#: held its limit of tasks in flight, or it could not forward the task for want of a local resource
+OWN_REFUSALS = ("starting", "no_node_up", "limit", "local")
+#: the status ``_forward`` gives a task this process could not send (no descriptor, no memory)
+LOCAL_FAILURE = -1
 #: dispatcher i draws its policy's random numbers from stream DISPATCHER_STREAM + i of the experiment
 DISPATCHER_STREAM = 1000
 
@@ -67,14 +74,21 @@ class TimeIntegral:
 
 class DispatcherHost:
     def __init__(
-        self, exp: Experiment, index: int, dispatchers: int, node_urls: Sequence[str], token: str
+        self,
+        exp: Experiment,
+        index: int,
+        dispatchers: int,
+        node_urls: Sequence[str],
+        token: str,
+        url: str | None = None,
     ) -> None:
         if len(node_urls) != exp.n:
             raise ValueError(f"the spec has {exp.n} nodes but {len(node_urls)} node endpoints were given")
         self.exp = exp
         self.index = index
         self.node_urls = list(node_urls)  # base URL of node k: .../v1/nodes/k
-        self.token = token
+        self.signer = Signer(token)  # what it sends the nodes, and their answers
+        self.verifier = Verifier(token, url)  # what the nodes send it, and its answers
         self.scale = exp.run.time_scale
         self.max_work = wire.MAX_WORK_MEANS * exp.workload.service.mean
         self.accepts = DISPATCHER_BOUND[exp.policy.name]
@@ -97,6 +111,11 @@ class DispatcherHost:
         self.rejected: Counter[str] = Counter()  # messages it received and refused
         self.decisions: Counter[str] = Counter()
         self.outcomes: Counter[str] = Counter()
+        self.own_refusals: Counter[str] = Counter({r: 0 for r in OWN_REFUSALS})
+        # tasks accepted and not answered at most (503 beyond; transport.process.Budget), and the
+        # listener's guard for its metrics: both set by the process that serves this host
+        self.max_in_flight = 1 << 30
+        self.guard: ConnectionGuard | None = None
         self.lost_by_node: Counter[int] = Counter()
         self.in_flight = 0
         self.started = time.monotonic()
@@ -107,7 +126,7 @@ class DispatcherHost:
         self.r = TimeIntegral(self.started, self.scale, self.slta.r if self.slta is not None else 0)
         self.session: aiohttp.ClientSession | None = None  # health checks
         # the task path's requests (forwards, probes, messages): lean kept-alive connections per process
-        self.peers = Peers(wire.bearer(token))
+        self.peers = Peers(signer=self.signer)
         self.node_peer = [
             (self.peers.pool(url.rsplit(f"{wire.PREFIX}/nodes/", 1)[0]), f"{wire.PREFIX}/nodes/{k}")
             for k, url in enumerate(self.node_urls)
@@ -143,8 +162,10 @@ class DispatcherHost:
         self.registry.register(_DispatcherCollector(self))
 
     async def start(self) -> None:
+        # health checks: a new connection each, so that a check never rides on a connection to whatever held
+        # the address before (a squatter on a dead process's port keeps its connections open)
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None),
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, force_close=True),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
         )
         self.health.start()
@@ -174,13 +195,15 @@ class DispatcherHost:
         await self._sleep_delay()
         self.sent["probe"] += 1
         pool, path = self.node_peer[k]
+        began = time.monotonic()
         try:
             _, raw = await pool.post(f"{path}/probe", b"{}", timeout=self.exp.health.timeout)
             x = int(orjson.loads(raw)["x"])
         except (OSError, TimeoutError, ValueError, KeyError, TypeError) as e:
             self.failures["probe"] += 1
             if isinstance(e, OSError | TimeoutError):
-                self.health.unreachable(k, f"probe failed: {str(e) or type(e).__name__}")
+                reason = f"probe failed: {str(e) or type(e).__name__}"
+                self.health.unreachable(k, reason, failure_kind(e), began)
             return 1 << 30
         await self._sleep_delay()
         self.received["probe_reply"] += 1
@@ -198,9 +221,11 @@ class DispatcherHost:
         except wire.BadRequest as e:
             return wire.error(e.status, str(e), e.field)
         if not self.health.ready.is_set() or not self.health.up_count:
-            self.outcomes["refused"] += 1
-            why = "no node is up" if self.health.ready.is_set() else "waiting for the nodes' first answers"
-            return wire.error(503, f"dispatcher {self.index} takes no tasks now: {why}")
+            ready = self.health.ready.is_set()
+            why = "no node is up" if ready else "waiting for the nodes' first answers"
+            return self._refuse("no_node_up" if ready else "starting", f"takes no tasks now: {why}")
+        if self.present.value >= self.max_in_flight:
+            return self._refuse("limit", f"holds its limit of {self.max_in_flight} tasks")
         self.present.add(1, accepted)
         released = None
         try:
@@ -209,6 +234,12 @@ class DispatcherHost:
         finally:
             # the task leaves the dispatcher's count when its answer is ready (the twin's "leave")
             self.present.add(-1, released if released is not None else time.monotonic())
+
+    def _refuse(self, reason: str, why: str) -> web.Response:
+        """A task this dispatcher refuses itself (``reason``: one of OWN_REFUSALS)."""
+        self.outcomes["refused"] += 1
+        self.own_refusals[reason] += 1
+        return wire.error(503, f"dispatcher {self.index} {why}")
 
     async def _route(self, work: float, accepted: float) -> tuple[web.Response, float]:
         """Route, forward and answer one task; the answer and the monotonic instant it was ready."""
@@ -236,6 +267,9 @@ class DispatcherHost:
             self.outcomes["refused"] += 1
             why = f"node {route.node} refused the task: {reply.get('error', '')}"
             return wire.error(503, why, node=route.node), time.monotonic()
+        if status == LOCAL_FAILURE:  # not the node's fault: nothing reached it
+            why = f"could not forward the task: {reply.get('error', '')}"
+            return self._refuse("local", why), time.monotonic()
         self.outcomes["lost"] += 1
         self.lost_by_node[route.node] += 1
         why = f"task lost with node {route.node}: {reply.get('error', '')}"
@@ -259,7 +293,8 @@ class DispatcherHost:
                 if not isinstance(reply, dict):
                     reply = {}
             except (OSError, TimeoutError, ValueError) as e:
-                status, reply = 0, {"error": str(e) or type(e).__name__}
+                status = LOCAL_FAILURE if failure_kind(e) == "local" else 0
+                reply = {"error": str(e) or type(e).__name__}
             if self.delay_tasks:
                 await self._sleep_delay()  # the completion's way back, as in the simulator
         except asyncio.CancelledError:  # the dispatcher is stopping: the task's count ends with it
@@ -379,8 +414,6 @@ class DispatcherHost:
             self.send(out)
 
     async def post_messages(self, request: web.Request) -> web.Response:
-        if not wire.authorized(request, self.token):
-            return wire.error(401, "missing or wrong token")
         try:
             body = await wire.read_json(request)
             msgs = wire.parse_messages(body, self.accepts)
@@ -421,7 +454,7 @@ class DispatcherHost:
         )
 
     async def post_faults(self, request: web.Request) -> web.Response:
-        return await self.faults.handle(request, self.token)
+        return await self.faults.handle(request)
 
 
 class _DispatcherCollector(Collector):
@@ -526,3 +559,26 @@ def _health_metrics(h: DispatcherHost) -> Iterator[Metric]:
         health.ignored,
     )
     yield h.faults.metric("dispatcher")
+    refusals = CounterMetricFamily(
+        "lbtestbed_dispatcher_refusals",
+        "Tasks the dispatcher refused itself (503), by reason: starting, no_node_up, limit (its tasks in "
+        "flight), local (no resource to forward it)",
+        labels=["reason"],
+    )
+    for reason in OWN_REFUSALS:
+        refusals.add_metric([reason], h.own_refusals[reason])
+    yield refusals
+    spared = CounterMetricFamily(
+        "lbtestbed_dispatcher_ejections_spared",
+        "Timeouts not acted on because they would have left more than health.max_ejection of the nodes "
+        "down by judgment",
+    )
+    spared.add_metric([], health.spared)
+    yield spared
+    guard = h.guard
+    yield from wire.listener_metrics(
+        "dispatcher",
+        guard.open if guard else 0,
+        guard.refused if guard else 0,
+        h.verifier.refused,
+    )

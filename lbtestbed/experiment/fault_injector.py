@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import time
@@ -25,6 +26,7 @@ from lbtestbed.cluster.launcher import spawn
 from lbtestbed.model.spec import MESSAGE_FAULTS, Experiment, Fault
 from lbtestbed.transport import wire
 from lbtestbed.transport.cluster_file import ClusterError, ClusterFile, Endpoint
+from lbtestbed.transport.signing import SIGNATURE, Signer
 
 
 @dataclass
@@ -101,6 +103,7 @@ class Injector:
         self.exp, self.f, self.path, self.origin, self.say = exp, f, path, origin, say
         self.scale = exp.run.time_scale
         self.log: list[FaultAction] = []
+        self.signer = Signer(f.token)
 
     def now(self) -> float:
         return (time.monotonic() - self.origin) / self.scale
@@ -146,21 +149,27 @@ class Injector:
 
     async def _switch(self, session: aiohttp.ClientSession, i: int, active: bool) -> str:
         urls = [e.url for e in self.f.dispatchers + self.f.node_hosts]
-
-        async def one(url: str) -> str:
-            try:
-                async with session.post(
-                    f"{url}{wire.PREFIX}/faults",
-                    json={"fault": i, "active": active},
-                    headers=wire.bearer(self.f.token),
-                    timeout=aiohttp.ClientTimeout(total=5),
-                ) as resp:
-                    return "" if resp.status == 200 else f"{url}: {resp.status} {await resp.text()}"
-            except (aiohttp.ClientError, TimeoutError) as e:
-                return f"{url}: {str(e) or type(e).__name__}"
-
-        problems = [p for p in await asyncio.gather(*(one(u) for u in urls)) if p]
+        body = json.dumps({"fault": i, "active": active}).encode()
+        problems = [p for p in await asyncio.gather(*(self.post(session, u, body) for u in urls)) if p]
         return "; ".join(problems)
+
+    async def post(self, session: aiohttp.ClientSession, url: str, body: bytes, path: str = "/faults") -> str:
+        """A signed POST of ``body`` to ``url``'s ``path``; what went wrong, or "" if it was done."""
+        target = f"{url}{wire.PREFIX}{path}"
+        headers, tag = self.signer.headers("POST", target, body)
+        try:
+            async with session.post(
+                target,
+                data=body,
+                headers={**headers, "Content-Type": "application/json"},
+                timeout=aiohttp.ClientTimeout(total=5),
+            ) as resp:
+                raw = await resp.read()
+                if not self.signer.answer_ok(tag, resp.status, raw, resp.headers.get(SIGNATURE)):
+                    return f"{url}: an answer without the cluster's signature ({resp.status})"
+                return "" if resp.status == 200 else f"{url}: {resp.status} {raw.decode(errors='replace')}"
+        except (aiohttp.ClientError, TimeoutError) as e:
+            return f"{url}: {str(e) or type(e).__name__}"
 
     def restore(self) -> None:
         """After the run: continue any process still paused (a run cut short), so that it can be stopped."""

@@ -180,6 +180,8 @@ class HealthSpec:
 
     heartbeat: float = 0.2  # between two health checks of every node process
     timeout: float = 1.0  # a check unanswered this long marks the process down; also the resend age
+    # the largest share of the nodes a dispatcher ejects by judgment (timeouts, outliers) at once
+    max_ejection: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -586,8 +588,11 @@ def parse_spec(data: Mapping[str, Any], source: str = "<spec>") -> Experiment:
     health = HealthSpec()
     if top.has("health"):
         h = top.sub("health")
-        h.check_keys(("heartbeat", "timeout"))
-        health = HealthSpec(heartbeat=h.number("heartbeat", 0.2), timeout=h.number("timeout", 1.0))
+        h.check_keys(("heartbeat", "timeout", "max_ejection"))
+        max_ejection = h.number("max_ejection", 0.5, positive=False)
+        if max_ejection > 1:
+            raise h.fail("max_ejection", f"must lie in [0, 1], got {max_ejection:g}")
+        health = HealthSpec(h.number("heartbeat", 0.2), h.number("timeout", 1.0), max_ejection)
     faults = _parse_faults(top, policy, n, run)
 
     exp = Experiment(name, seed, tuple(classes), workload, policy, run, network, source, data, faults, health)

@@ -2,11 +2,17 @@
 
 from lbtestbed.server_node.app import build_app
 from lbtestbed.server_node.host import NodeHost
-from lbtestbed.transport.process import process_args, serve
+from lbtestbed.transport.process import Budget, ConnectionGuard, process_args, raise_fd_limit, serve
 
 cluster, index, listen = process_args("server_node")
 me = cluster.node_hosts[index]
 host = NodeHost(
-    cluster.experiment(), me.nodes, [d.url for d in cluster.dispatchers], cluster.token, cluster.max_tasks
+    cluster.experiment(),
+    me.nodes,
+    [d.url for d in cluster.dispatchers],
+    cluster.token,
+    cluster.max_tasks,
+    me.url,
 )
-serve(build_app(host), me.url, f"nodes-{index}", listen)
+host.guard = ConnectionGuard(Budget.of("server_node", raise_fd_limit()).connections)
+serve(build_app(host), me.url, f"nodes-{index}", listen, host.guard)

@@ -12,12 +12,16 @@ from lbtestbed.transport import wire
 def build_app(host: NodeHost) -> web.Application:
     app = web.Application(client_max_size=wire.MAX_BODY)
     p = wire.PREFIX
-    app.router.add_post(p + r"/nodes/{node:\d+}/tasks", host.post_task)
-    app.router.add_post(p + r"/nodes/{node:\d+}/probe", host.post_probe)
-    app.router.add_post(p + r"/nodes/{node:\d+}/messages", host.post_messages)
+
+    def peers_only(handler: wire.Handler) -> wire.Handler:
+        return wire.signed(host.verifier, handler)
+
+    app.router.add_post(p + r"/nodes/{node:\d+}/tasks", peers_only(host.post_task))
+    app.router.add_post(p + r"/nodes/{node:\d+}/probe", peers_only(host.post_probe))
+    app.router.add_post(p + r"/nodes/{node:\d+}/messages", peers_only(host.post_messages))
     app.router.add_get(p + "/health", host.get_health)
-    app.router.add_get(p + "/state", host.get_state)
-    app.router.add_post(p + "/faults", host.post_faults)
+    app.router.add_get(p + "/state", peers_only(host.get_state))
+    app.router.add_post(p + "/faults", peers_only(host.post_faults))
     app.router.add_get(p + "/timings", wire.timings_handler(host.ages))
     app.router.add_get("/metrics", wire.metrics_handler(registry_for(host)))
     return wire.run_with(app, host)

@@ -31,6 +31,8 @@ from lbtestbed.server_node.models import INF, NodeModel, make_node
 from lbtestbed.transport import wire
 from lbtestbed.transport.http import Peers
 from lbtestbed.transport.message_faults import MessageFaults
+from lbtestbed.transport.process import ConnectionGuard
+from lbtestbed.transport.signing import Signer, Verifier
 
 log = logging.getLogger("lbtestbed.server_node")
 
@@ -47,11 +49,13 @@ class NodeHost:
         dispatchers: Sequence[str],
         token: str,
         max_tasks: int = 100_000,
+        url: str | None = None,
     ) -> None:
         self.exp = exp
         self.ids = list(node_ids)
         self.dispatchers = list(dispatchers)
-        self.token = token
+        self.signer = Signer(token)  # what it sends the dispatchers, and their answers
+        self.verifier = Verifier(token, url)  # what peers send it, and its answers
         self.max_tasks = max_tasks
         self.scale = exp.run.time_scale
         rng = seeded_random(exp.seed, "nodes", self.ids[0])
@@ -79,7 +83,7 @@ class NodeHost:
         )
         self.received: Counter[str] = Counter()
         self.refused: Counter[int] = Counter()
-        self.peers = Peers(wire.bearer(token))  # to the dispatchers: state messages
+        self.peers = Peers(signer=self.signer)  # to the dispatchers: state messages
         self.loop: asyncio.AbstractEventLoop | None = None
         self.t0 = 0.0
         self.background: set[asyncio.Task[None]] = set()
@@ -88,6 +92,7 @@ class NodeHost:
         self.incarnation = time.time_ns() // 1000
         self.faults = MessageFaults(exp, 1000 + self.ids[0])
         self.heartbeats = 0  # state reports served
+        self.guard: ConnectionGuard | None = None  # the listener's, set by the process that serves it
         # the collector of metrics.py reads the rest of the state at scrape time; these observe events
         self.registry = CollectorRegistry(auto_describe=False)
         self.collected = False  # whether metrics.registry_for registered its collector
@@ -233,8 +238,6 @@ class NodeHost:
         return k
 
     async def post_task(self, request: web.Request) -> web.Response:
-        if not wire.authorized(request, self.token):
-            return wire.error(401, "missing or wrong token")
         k = self._node(request)
         try:
             body = await wire.read_json(request)
@@ -283,8 +286,6 @@ class NodeHost:
         return web.Response(body=orjson.dumps(reply), content_type="application/json")
 
     async def post_probe(self, request: web.Request) -> web.Response:
-        if not wire.authorized(request, self.token):
-            return wire.error(401, "missing or wrong token")
         k = self._node(request)
         self._catch_up(k, max(self.now(), self.models[k].last))
         self.received["probe"] += 1
@@ -292,8 +293,6 @@ class NodeHost:
         return web.json_response({"node": k, "x": self.sides[k].probe_reply(self.models[k].x)})
 
     async def post_messages(self, request: web.Request) -> web.Response:
-        if not wire.authorized(request, self.token):
-            return wire.error(401, "missing or wrong token")
         k = self._node(request)
         try:
             body = await wire.read_json(request)
@@ -333,8 +332,6 @@ class NodeHost:
     async def get_state(self, request: web.Request) -> web.Response:
         """The dispatchers' heartbeat: this process's incarnation and every node's report (its node
         side's account of itself, after the departures due by now)."""
-        if not wire.authorized(request, self.token):
-            return wire.error(401, "missing or wrong token")
         t = self.now()
         reports = {}
         for k, side in self.sides.items():
@@ -344,7 +341,7 @@ class NodeHost:
         return web.json_response({"incarnation": self.incarnation, "model_time": t, "reports": reports})
 
     async def post_faults(self, request: web.Request) -> web.Response:
-        return await self.faults.handle(request, self.token)
+        return await self.faults.handle(request)
 
     def snapshot(self) -> dict[str, Any]:
         """Exact integrals of every node up to now (advancing them is harmless: it is exact integration)."""

@@ -8,27 +8,53 @@ has a Content-Length (every aiohttp ``web.Response`` with a body has one). One r
 a time; a pool per peer keeps idle connections and opens new ones as requests overlap. Anything else a
 server may do (close the connection, answer without a length) fails the request with ``HttpError`` (an
 ``OSError``, as connection failures are), never with a wrong answer.
+
+Between cluster processes every request is signed and every answer's signature checked
+(``transport.signing``): an answer not signed with the cluster's key fails the request like a broken
+connection. A connection kept idle longer than ``IDLE_REUSE`` is not reused: the servers close idle
+connections after ``IDLE_TIMEOUT`` (``transport.process``), and a request written into a connection the
+server is closing would be lost. A failure to connect that is this process's own shortage (no file
+descriptor, no memory, no local port) raises ``LocalError``, so that nobody blames the peer for it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
+import time
 from typing import Protocol, cast
 from urllib.parse import urlsplit
+
+from lbtestbed.transport.signing import SIGNATURE, Signer, authority
+
+#: wall seconds a server keeps a connection open without a request (``transport.process`` sets it)
+IDLE_TIMEOUT = 30.0
+#: wall seconds a pool reuses an idle connection: well inside the server's IDLE_TIMEOUT
+IDLE_REUSE = IDLE_TIMEOUT / 3
+#: errors of ``connect`` that say this process (or machine) ran short, not that the peer is gone
+LOCAL_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.EADDRNOTAVAIL})
+_SIGNATURE_HEADER = b"\r\n" + SIGNATURE.lower().encode() + b":"
 
 
 class HttpError(ConnectionError):
     """The request failed on the connection or the response was not one this client reads."""
 
 
+class LocalError(HttpError):
+    """The request could not leave: this process ran out of a resource (file descriptors, memory, local
+    ports). The peer is not at fault."""
+
+
 class _Connection(asyncio.Protocol):
-    __slots__ = ("buffer", "closed", "pending", "transport")
+    __slots__ = ("buffer", "closed", "idle_since", "pending", "signature", "transport")
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.pending: asyncio.Future[tuple[int, bytes]] | None = None
         self.closed = False
+        self.signature = b""  # the last answer's X-LBT-Signature
+        self.idle_since = 0.0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not an asyncio.Transport
@@ -65,6 +91,12 @@ class _Connection(asyncio.Protocol):
         if len(buf) < total:
             return
         body = bytes(buf[end + 4 : total])
+        at = head.find(_SIGNATURE_HEADER)
+        if at >= 0:
+            stop = head.find(b"\r\n", at + 2)
+            self.signature = head[at + len(_SIGNATURE_HEADER) : stop if stop > 0 else None].strip()
+        else:
+            self.signature = b""
         del buf[:total]
         if buf or b"\r\nconnection: close" in head:  # bytes beyond the answer: not reused
             self.closed = True
@@ -99,57 +131,77 @@ class Observer(Protocol):
 
 
 class HttpPool:
-    """Kept-alive connections to the origin of ``url``; ``headers`` go with every request."""
+    """Kept-alive connections to the origin of ``url``; ``headers`` go with every request, and with a
+    ``signer`` every request is signed and every answer's signature checked (``transport.signing``)."""
 
     def __init__(
-        self, url: str, headers: dict[str, str] | None = None, observer: Observer | None = None
+        self,
+        url: str,
+        headers: dict[str, str] | None = None,
+        observer: Observer | None = None,
+        signer: Signer | None = None,
     ) -> None:
         self.observer = observer
+        self.signer = signer
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"{url!r}: only http://host:port URLs")
         self.host, self.port = parts.hostname, parts.port or 80
+        self._to = authority(url).encode()
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
-        self._fixed = (
-            f"Host: {parts.netloc}\r\nContent-Type: application/json\r\n{extra}Content-Length: "
-        ).encode()
+        self._fixed = f"Host: {parts.netloc}\r\nContent-Type: application/json\r\n{extra}".encode()
         self._idle: list[_Connection] = []
         self._open: set[_Connection] = set()
 
-    async def _connection(self) -> _Connection:
+    async def _connection(self, timeout: float | None) -> _Connection:
+        now = time.monotonic()
         while self._idle:
             conn = self._idle.pop()
-            if not conn.closed:
+            if not conn.closed and now - conn.idle_since < IDLE_REUSE:
                 return conn
-            self._open.discard(conn)  # the server closed it while idle
+            self._drop(conn)  # the server closed it while idle, or is about to
         loop = asyncio.get_running_loop()
         try:
-            _, conn = await loop.create_connection(_Connection, self.host, self.port)
+            connecting = loop.create_connection(_Connection, self.host, self.port)
+            _, conn = await (connecting if timeout is None else asyncio.wait_for(connecting, timeout))
         except OSError as e:
-            raise HttpError(f"cannot connect to {self.host}:{self.port}: {e.strerror or e}") from None
+            what = LocalError if e.errno in LOCAL_ERRNOS else HttpError
+            raise what(f"cannot connect to {self.host}:{self.port}: {e.strerror or e}") from None
         self._open.add(conn)
         return conn
 
     async def post(self, path: str, body: bytes, timeout: float | None = None) -> tuple[int, bytes]:
-        """POST ``body`` (JSON) to ``path``; (status, response body). HttpError or TimeoutError if not."""
+        """POST ``body`` (JSON) to ``path``; (status, response body). HttpError or TimeoutError if not;
+        ``timeout`` (wall seconds) bounds the whole request, a new connection included."""
         if self.observer is not None:
             self.observer.started()
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
         try:
-            conn = await self._connection()
-        except HttpError:
+            conn = await self._connection(timeout)
+        except (HttpError, TimeoutError):
             if self.observer is not None:
                 self.observer.failed()
             raise
-        loop = asyncio.get_running_loop()
         fut: asyncio.Future[tuple[int, bytes]] = loop.create_future()
         conn.pending = fut
         assert conn.transport is not None
+        raw_path = path.encode()
+        tag = b""
+        if self.signer is None:
+            auth = b""
+        else:
+            value, tag = self.signer.sign(b"POST", self._to, raw_path, body)
+            auth = b"Authorization: %s\r\n" % value
         conn.transport.write(
-            b"POST %s HTTP/1.1\r\n%s%d\r\n\r\n%s" % (path.encode(), self._fixed, len(body), body)
+            b"POST %s HTTP/1.1\r\n%s%sContent-Length: %d\r\n\r\n%s"
+            % (raw_path, self._fixed, auth, len(body), body)
         )
-        timer = None if timeout is None else loop.call_later(timeout, _expire, conn, fut)
+        timer = None if deadline is None else loop.call_at(deadline, _expire, conn, fut)
         try:
             status, data = await fut
+            if self.signer is not None and not self.signer.answer_ok(tag, status, data, conn.signature):
+                raise HttpError(f"{self.host}:{self.port} answered without the cluster's signature")
         except BaseException:
             if self.observer is not None:
                 self.observer.failed()
@@ -161,6 +213,7 @@ class HttpPool:
         if conn.closed:
             self._drop(conn)
         else:
+            conn.idle_since = time.monotonic()
             self._idle.append(conn)
         if self.observer is not None:
             self.observer.ended(status)
@@ -185,16 +238,17 @@ def _expire(conn: _Connection, fut: asyncio.Future[tuple[int, bytes]]) -> None:
 
 
 class Peers:
-    """One ``HttpPool`` per origin, made on first use."""
+    """One ``HttpPool`` per origin, made on first use; each signs with ``signer`` if one is given."""
 
-    def __init__(self, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, headers: dict[str, str] | None = None, signer: Signer | None = None) -> None:
         self.headers = headers or {}
+        self.signer = signer
         self._pools: dict[str, HttpPool] = {}
 
     def pool(self, origin: str) -> HttpPool:
         pool = self._pools.get(origin)
         if pool is None:
-            pool = self._pools[origin] = HttpPool(origin, self.headers)
+            pool = self._pools[origin] = HttpPool(origin, self.headers, signer=self.signer)
         return pool
 
     def close(self) -> None:

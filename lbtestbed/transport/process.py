@@ -1,4 +1,14 @@
-"""Running one cluster process: uvloop, the file-descriptor limit, logging, and a clean stop on SIGTERM."""
+"""Running one cluster process: uvloop, the file-descriptor budget, logging, and a clean stop on SIGTERM.
+
+A process never lets its clients take the descriptors it needs for its peers. Every task in flight holds
+a connection at every hop (synchronous completion), so a dispatcher needs two descriptors per task (its
+client's and its own to the node) and a node host one. ``Budget`` splits the process's descriptor limit:
+``RESERVE`` stay for peer traffic (health checks, state messages, logs), a dispatcher takes at most
+``in_flight`` tasks at once (503 beyond) and each listener holds at most ``connections`` connections; one
+more is closed at once, counted (``lbtestbed_<role>_connections_refused_total``) and logged. Connections
+without a request for ``IDLE_TIMEOUT`` wall seconds (including ones that never send a whole request head)
+are closed, and a body must arrive within ``wire.BODY_TIMEOUT``.
+"""
 
 from __future__ import annotations
 
@@ -8,18 +18,79 @@ import logging
 import resource
 import signal
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
 
 from lbtestbed.transport.cluster_file import ClusterError, ClusterFile
+from lbtestbed.transport.http import IDLE_TIMEOUT
+
+#: descriptors a process keeps for its peers whatever its clients do
+RESERVE = 512
+
+log = logging.getLogger("lbtestbed.process")
 
 
-def raise_fd_limit() -> None:
-    """Every task in flight holds a connection (synchronous completion): allow as many as the system does."""
+def raise_fd_limit() -> int:
+    """Every task in flight holds a connection (synchronous completion): allow as many as the system does.
+    Returns the limit."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return int(hard)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What a process may hold at once: connections per listener, and (a dispatcher) tasks in flight."""
+
+    connections: int
+    in_flight: int
+
+    @classmethod
+    def of(cls, role: str, limit: int) -> Budget:
+        """The budget of a ``role`` (``dispatcher`` or ``server_node``) with ``limit`` descriptors: a
+        dispatcher's tasks need two each, so 2/5 of what is left after the reserve goes to tasks in
+        flight and 3/5 to connections (those beyond the tasks get their 503 on a connection of their own)."""
+        usable = max(16, limit - RESERVE)
+        if role == "dispatcher":
+            in_flight = usable * 2 // 5
+            return cls(usable - in_flight, in_flight)
+        return cls(usable, usable)
+
+
+class ConnectionGuard:
+    """The protocol factory of a listener that holds at most ``limit`` connections: one more is closed at
+    once, counted and logged (at most once a second)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.server: web.Server | None = None  # set by ``serve`` once the app runs
+        self.refused = 0
+        self._logged, self._unlogged = 0.0, 0
+
+    def __call__(self) -> asyncio.Protocol:
+        assert self.server is not None
+        if len(self.server.connections) < self.limit:
+            return self.server()
+        self.refused += 1
+        self._unlogged += 1
+        now = time.monotonic()
+        if now - self._logged >= 1.0:
+            log.warning("refused %d connection(s): at the limit of %d open", self._unlogged, self.limit)
+            self._logged, self._unlogged = now, 0
+        return _Refuse()
+
+    @property
+    def open(self) -> int:
+        return len(self.server.connections) if self.server is not None else 0
+
+
+class _Refuse(asyncio.Protocol):
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
 
 
 def process_parser(role: str) -> argparse.ArgumentParser:
@@ -75,29 +146,40 @@ def _host_port(text: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
-def serve(app: web.Application, url: str, name: str, listen: str | None = None) -> None:
-    """Serve ``app`` on ``listen`` (HOST:PORT), by default the host and port of ``url``, until SIGTERM."""
+def serve(
+    app: web.Application, url: str, name: str, listen: str | None = None, guard: ConnectionGuard | None = None
+) -> None:
+    """Serve ``app`` on ``listen`` (HOST:PORT), by default the host and port of ``url``, until SIGTERM;
+    ``guard`` caps its connections (default: a node host's budget)."""
     import uvloop
 
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(message)s")
-    raise_fd_limit()
+    limit = raise_fd_limit()
+    guard = guard or ConnectionGuard(Budget.of("server_node", limit).connections)
     bind = _host_port(listen or url.rsplit("//", 1)[1])
     assert bind is not None, url
     host, port = bind
 
     async def main() -> None:
         # tasks still in service when the process stops are lost anyway: do not wait for them long
-        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
+        runner = web.AppRunner(
+            app,
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=1.0,
+            keepalive_timeout=IDLE_TIMEOUT,  # also closes a connection that never sends a whole request
+        )
         await runner.setup()
-        site = web.TCPSite(runner, host, port, backlog=4096, reuse_address=True)
-        await site.start()
-        logging.info("serving on %s:%d as %s", host, port, url)
-        stop = asyncio.Event()
+        guard.server = runner.server
         loop = asyncio.get_running_loop()
+        listener = await loop.create_server(guard, host, port, backlog=4096, reuse_address=True)
+        logging.info("serving on %s:%d as %s (at most %d connections)", host, port, url, guard.limit)
+        stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         logging.info("stopping")
+        listener.close()
         await runner.cleanup()
 
     uvloop.run(main())

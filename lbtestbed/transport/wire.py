@@ -1,18 +1,18 @@
 """The wire protocol shared by dispatchers and server nodes: JSON over HTTP, version 1 (docs/protocol.md).
 
 Bodies are small JSON objects. Every request between cluster processes (tasks forwarded to nodes, probes,
-state messages) carries the cluster's shared token in the ``Authorization: Bearer`` header. Errors are
-JSON too: ``{"error": "...", "field": "..."}`` with status 400 (malformed), 401 (no or wrong token),
-413 (too large) or 503 (a node at its task limit).
+state messages) is signed with the cluster's shared key and so is its answer (``transport.signing``).
+Errors are JSON too: ``{"error": "...", "field": "..."}`` with status 400 (malformed), 401 (not signed,
+or a replay), 413 (too large) or 503 (a node at its task limit).
 """
 
 from __future__ import annotations
 
-import hmac
+import asyncio
 import json
 import math
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from aiohttp import ClientPayloadError, web
@@ -20,12 +20,13 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from lbtestbed.policies import MESSAGE_ID
 from lbtestbed.policies.base import Message
+from lbtestbed.transport.signing import AUTHORIZATION, SCHEME, SIGNATURE, Unauthorized, Verifier
 
 VERSION = "v1"
 PREFIX = f"/{VERSION}"
 MAX_BODY = 64 * 1024  # bytes; a task or a state message is well under 1 KiB
+BODY_TIMEOUT = 10.0  # wall seconds from a request's head to the end of its body
 MAX_WORK_MEANS = 1e4  # a task's work may be at most this many times the spec's mean work
-AUTH_HEADER = "Authorization"
 MAX_SAFE_INTEGER = 2**53  # integers beyond this are not exact as floats; JSON peers (JavaScript) agree
 
 
@@ -46,24 +47,60 @@ def error(status: int, message: str, field: str = "", **extra: Any) -> web.Respo
     return web.json_response(body, status=status)
 
 
-def bearer(token: str) -> dict[str, str]:
-    return {AUTH_HEADER: f"Bearer {token}"}
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def authorized(request: web.Request, token: str) -> bool:
-    given = request.headers.get(AUTH_HEADER, "")
-    return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
+def signed(verifier: Verifier, handler: Handler) -> Handler:
+    """``handler`` for peers only: the request must be signed with the cluster's key, for this process,
+    and new (401 otherwise, before anything else is looked at but the body's size), and the answer is
+    signed for the sender to check (docs/protocol.md, "Authentication: signed requests")."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        value = request.headers.get(AUTHORIZATION)
+        if not value or not value.startswith(SCHEME + " "):
+            verifier.refused += 1
+            return error(401, "missing signature (Authorization: LBT-MAC sender:counter:time:mac)")
+        try:
+            body = await read_body(request)
+        except BadRequest as e:
+            return error(e.status, str(e))
+        try:
+            tag = verifier.verify(request.method, request.raw_path, value, body, request.host)
+        except Unauthorized as e:
+            return error(401, str(e))
+        try:
+            response = await handler(request)
+        except web.HTTPException as e:  # the node routes' 404: an answer like any other
+            response = web.Response(
+                status=e.status, body=e.body, content_type=e.content_type, charset=e.charset
+            )
+        assert isinstance(response, web.Response), response
+        body = response.body if isinstance(response.body, bytes) else b""
+        response.headers[SIGNATURE] = verifier.sign(tag, response.status, body)
+        return response
+
+    return handle
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The request's body, or BadRequest: too large (413), unreadable, or not complete within
+    ``BODY_TIMEOUT`` (408: a client that trickles its body holds a connection for nothing)."""
+    try:
+        if request.content.is_eof():  # all there (the usual case): no timer needed
+            return await request.read()
+        return await asyncio.wait_for(request.read(), BODY_TIMEOUT)
+    except web.HTTPRequestEntityTooLarge:
+        raise BadRequest(f"body larger than {MAX_BODY} bytes", status=413) from None
+    except TimeoutError:
+        raise BadRequest(f"body not complete within {BODY_TIMEOUT:g} s", status=408) from None
+    except (web.RequestPayloadError, HttpProcessingError, ClientPayloadError, ConnectionError) as e:
+        # a body that does not inflate as its Content-Encoding says, or a client that left mid-body
+        raise BadRequest(f"body could not be read: {type(e).__name__}") from None
 
 
 async def read_json(request: web.Request) -> Mapping[str, Any]:
     """The request's JSON object, or BadRequest naming what is wrong."""
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise BadRequest(f"body larger than {MAX_BODY} bytes", status=413) from None
-    except (web.RequestPayloadError, HttpProcessingError, ClientPayloadError, ConnectionError) as e:
-        # a body that does not inflate as its Content-Encoding says, or a client that left mid-body
-        raise BadRequest(f"body could not be read: {type(e).__name__}") from None
+    raw = await read_body(request)
     try:
         body = json.loads(raw.decode(request.charset or "utf-8"))
     except LookupError:
@@ -277,3 +314,26 @@ def time_scale_gauge(scale: float) -> Any:
     gauge = GaugeMetricFamily("lbtestbed_time_scale", "Wall seconds per model second")
     gauge.add_metric([], scale)
     return gauge
+
+
+def listener_metrics(role: str, open_now: int, refused: int, unauthorized: int) -> Any:
+    """The listener's own families (``transport.process``, ``transport.signing``): connections open now,
+    connections closed at once because the process held its limit, and requests refused with 401."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    gauge = GaugeMetricFamily(f"lbtestbed_{role}_connections_open", "Connections open to this process now")
+    gauge.add_metric([], open_now)
+    yield gauge
+    closed = CounterMetricFamily(
+        f"lbtestbed_{role}_connections_refused",
+        "Connections closed at once: the process held its limit of open connections",
+    )
+    closed.add_metric([], refused)
+    yield closed
+    bad = CounterMetricFamily(
+        f"lbtestbed_{role}_unauthorized",
+        "Peer requests refused with 401: not signed with the cluster's key, replayed, or signed before "
+        "this process started",
+    )
+    bad.add_metric([], unauthorized)
+    yield bad
