@@ -5,6 +5,8 @@ Each test reproduces one way the cluster broke before and checks that it no long
 - a process that takes over the port of a dead node process receives nothing it can use: no credential,
   nothing that can be replayed (to the dispatcher, another node process, or the node process that takes the
   port back), and its own answers are not believed;
+- thousands of idle connections, or a burst of 20,000 tasks, cannot take a dispatcher's descriptors: what
+  it cannot hold it refuses and counts as its own refusal, and it never blames a node for it;
 
 Real processes on 127.0.0.1 throughout; every cluster is stopped by its context manager.
 """
@@ -13,19 +15,29 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import socket
 import socketserver
+import subprocess
+import sys
 import threading
+import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+import uvloop
 from test_cluster import fcfs_spec, get, post, scrape, signed_by, wait_until, write_spec
 
 from lbtestbed.cluster.launcher import Cluster, healthy, spawn
+from lbtestbed.loadgen.openloop import drive
 from lbtestbed.model.spec import load_spec
+from lbtestbed.transport.cluster_file import ClusterFile
+from lbtestbed.transport.process import ConnectionGuard
 from lbtestbed.transport.signing import Signer
 
 HEALTH = "\n[health]\nheartbeat = 0.2\ntimeout = 1.0\n"
@@ -157,3 +169,158 @@ def test_a_squatter_on_a_dead_node_port_gets_nothing_it_can_use(tmp_path: Path) 
         assert post(url, b"", headers)[0] == 200
         assert post(url, b"", headers)[0] == 401
         assert post(url, b"", signed_by(f.token))[0] == 200
+
+
+# =================================================================== 2. connections and descriptors
+
+
+@contextmanager
+def cluster_up(
+    directory: Path, spec_text: str, fd_limit: int | None = None, node_processes: int = 2
+) -> Iterator[ClusterFile]:
+    """A cluster started by ``lbt cluster up`` (with at most ``fd_limit`` descriptors per process, as an
+    operator's ``ulimit -n`` would give it) and stopped by ``lbt cluster down``."""
+    spec = write_spec(directory, spec_text)
+    path = directory / "cluster.json"
+
+    def limited() -> None:
+        if fd_limit is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (fd_limit, fd_limit))
+
+    up = subprocess.run(
+        [LBT, "cluster", "up", str(spec), "--file", str(path), "--node-processes", str(node_processes)],
+        preexec_fn=limited,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    try:
+        assert up.returncode == 0, up.stderr
+        yield ClusterFile.load(path)
+    finally:
+        down = subprocess.run([LBT, "cluster", "down", "--file", str(path)], capture_output=True, timeout=60)
+        assert down.returncode == 0, down.stderr
+
+
+LBT = str(Path(sys.executable).parent / "lbt")
+#: descriptors each process of the crowded cluster may hold: its dispatcher takes at most 1,433 tasks in
+#: flight and 2,150 connections (transport.process.Budget)
+FD_LIMIT = 4096
+#: four pools (a task never waits: every task a client sends is in service at once); work 1 lasts 4 s
+CROWDED = """
+name = "crowded"
+seed = 3
+[[classes]]
+name = "pool"
+count = 4
+discipline = "pool"
+[workload]
+arrival_rate = 5.0
+service = { dist = "exponential", mean = 1.0 }
+[policy]
+name = "least_request"
+[run]
+warmup = 0.0
+duration = 40.0
+time_scale = 4.0
+"""
+
+
+@pytest.fixture(scope="module")
+def crowded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterFile]:
+    """A cluster whose processes may hold 4,096 descriptors each, as an operator's ``ulimit -n`` gives."""
+    with cluster_up(tmp_path_factory.mktemp("crowded"), CROWDED + HEALTH, fd_limit=FD_LIMIT) as f:
+        yield f
+
+
+def test_idle_connections_leave_task_service_untouched(crowded: ClusterFile) -> None:
+    """5,000 connections that never send a byte. The dispatcher keeps its descriptors for its peers,
+    refuses what exceeds its connection limit and closes silent connections to make room for real
+    clients: every task of a load sent afterwards (200 tasks of 40 ms in 2 s) completes and no node is
+    marked down."""
+    disp = crowded.dispatchers[0].url
+    port = int(disp.rsplit(":", 1)[1])
+    before = scrape([disp])
+    idle = []
+    try:
+        for _ in range(5000):
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        time.sleep(ConnectionGuard.GRACE + 0.2)  # silent for longer than a client about to write
+        scale = crowded.experiment().run.time_scale
+        tasks = [(i * 0.01 / scale, 0.01) for i in range(200)]
+        report = uvloop.run(drive([disp], tasks, scale))
+    finally:
+        for s in idle:
+            s.close()
+    assert report.outcomes["completed"] == len(tasks), report.summary()
+    after = scrape([disp])
+    for name in ("connections_shed_total", "connections_refused_total"):
+        assert after.total(f"lbtestbed_dispatcher_{name}") > before.total(f"lbtestbed_dispatcher_{name}")
+    assert health(disp)["events"] == [], "a node was marked down"
+    assert after.total("lbtestbed_dispatcher_health_checks_total", outcome="local") == 0
+
+
+BURST_CLIENT = """
+import asyncio, json, sys, time
+import uvloop
+from lbtestbed.transport.http import HttpPool
+url, count, spread = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+async def main():
+    pool = HttpPool(url)
+    start = time.monotonic()
+    async def one(i):
+        await asyncio.sleep(max(0.0, start + i * spread / count - time.monotonic()))
+        try:
+            status, body = await pool.post("/v1/tasks", b'{"work": 1.0}', timeout=120)
+        except (OSError, TimeoutError) as e:
+            return "failed"
+        if status == 503 and b"holds its limit" in body:
+            return "503 limit"
+        return str(status)
+    outcomes = await asyncio.gather(*(one(i) for i in range(count)))
+    print(json.dumps({k: outcomes.count(k) for k in set(outcomes)}))
+uvloop.run(main())
+"""
+#: wall seconds over which the burst's tasks are sent: each lasts 4 s, so all of them overlap
+SPREAD = 2.0
+
+
+def test_a_burst_of_20000_tasks_is_answered_without_blaming_a_node(crowded: ClusterFile) -> None:
+    """20,000 tasks of 4 s sent within 2 s by three client processes, so that all of them would be in
+    flight together (spread over 2 s rather than one instant, which only adds the kernel's SYN
+    retransmissions). The dispatcher holds what its descriptors allow: every task ends completed,
+    refused by the dispatcher at its limit of tasks in flight (503), or on a connection the dispatcher
+    closed at its limit of connections; those counts are the dispatcher's own, no task is lost with a
+    node and no node is marked down."""
+    disp = crowded.dispatchers[0].url
+    before = scrape([disp])
+    clients = [
+        subprocess.Popen(
+            [sys.executable, "-c", BURST_CLIENT, disp, str(count), str(SPREAD)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for count in (6667, 6667, 6666)
+    ]
+    seen: Counter[str] = Counter()
+    for c in clients:
+        out, _ = c.communicate(timeout=240)
+        assert c.returncode == 0
+        seen.update(json.loads(out))
+    assert sum(seen.values()) == 20_000 and set(seen) <= {"200", "503 limit", "failed"}, seen
+    after = scrape([disp])
+
+    def grew(name: str, **labels: str) -> float:
+        return after.total(name, **labels) - before.total(name, **labels)
+
+    tasks = "lbtestbed_dispatcher_tasks_total"
+    assert grew(tasks, outcome="lost") == 0
+    assert grew(tasks, outcome="completed") == seen["200"] > 0
+    limit = grew("lbtestbed_dispatcher_refusals_total", reason="limit")
+    assert grew(tasks, outcome="refused") == seen["503 limit"] == limit > 0
+    closed = grew("lbtestbed_dispatcher_connections_refused_total") + grew(
+        "lbtestbed_dispatcher_connections_shed_total"
+    )
+    assert seen["failed"] == closed > 0, (seen, closed)
+    assert health(disp)["events"] == [], "a node was marked down"
+    assert grew("lbtestbed_dispatcher_health_checks_total", outcome="local") == 0

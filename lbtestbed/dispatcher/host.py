@@ -580,5 +580,6 @@ def _health_metrics(h: DispatcherHost) -> Iterator[Metric]:
         "dispatcher",
         guard.open if guard else 0,
         guard.refused if guard else 0,
+        guard.shed if guard else 0,
         h.verifier.refused,
     )

@@ -97,7 +97,11 @@ class NodeCollector(Collector):
         yield heartbeats
         guard = host.guard
         yield from wire.listener_metrics(
-            "node", guard.open if guard else 0, guard.refused if guard else 0, host.verifier.refused
+            "node",
+            guard.open if guard else 0,
+            guard.refused if guard else 0,
+            guard.shed if guard else 0,
+            host.verifier.refused,
         )
 
 

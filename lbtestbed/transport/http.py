@@ -183,9 +183,14 @@ class HttpPool:
             if self.observer is not None:
                 self.observer.failed()
             raise
+        if conn.closed or conn.transport is None or conn.transport.is_closing():
+            # the server closed it between the connect and now (a listener at its connection limit)
+            self._drop(conn)
+            if self.observer is not None:
+                self.observer.failed()
+            raise HttpError(f"{self.host}:{self.port} closed the connection before the request")
         fut: asyncio.Future[tuple[int, bytes]] = loop.create_future()
         conn.pending = fut
-        assert conn.transport is not None
         raw_path = path.encode()
         tag = b""
         if self.signer is None:

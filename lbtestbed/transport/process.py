@@ -4,10 +4,11 @@ A process never lets its clients take the descriptors it needs for its peers. Ev
 a connection at every hop (synchronous completion), so a dispatcher needs two descriptors per task (its
 client's and its own to the node) and a node host one. ``Budget`` splits the process's descriptor limit:
 ``RESERVE`` stay for peer traffic (health checks, state messages, logs), a dispatcher takes at most
-``in_flight`` tasks at once (503 beyond) and each listener holds at most ``connections`` connections; one
-more is closed at once, counted (``lbtestbed_<role>_connections_refused_total``) and logged. Connections
-without a request for ``IDLE_TIMEOUT`` wall seconds (including ones that never send a whole request head)
-are closed, and a body must arrive within ``wire.BODY_TIMEOUT``.
+``in_flight`` tasks at once (503 beyond) and each listener holds at most ``connections`` connections
+(``ConnectionGuard``: at the limit a connection that has sent nothing makes room, else the new one is
+closed; both counted and logged). Connections without a request for ``IDLE_TIMEOUT`` wall seconds
+(including ones that never send a whole request head) are closed, and a body must arrive within
+``wire.BODY_TIMEOUT``.
 """
 
 from __future__ import annotations
@@ -62,30 +63,90 @@ class Budget:
 
 
 class ConnectionGuard:
-    """The protocol factory of a listener that holds at most ``limit`` connections: one more is closed at
-    once, counted and logged (at most once a second)."""
+    """The protocol factory of a listener that holds at most ``limit`` connections.
+
+    At the limit it first closes the oldest connection that has sent nothing for ``GRACE`` seconds since it
+    opened (no client is about to use it: ours write their request as soon as they connect), then, if there
+    is none, closes the new one at once. Both are counted; refusals are logged at most once a second. A
+    connection that has sent a request is never closed here: it may carry a task in service, and a
+    kept-alive one may be reused by its client at any moment (the idle timeout closes those)."""
+
+    GRACE = 1.0
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.server: web.Server | None = None  # set by ``serve`` once the app runs
-        self.refused = 0
+        self.refused = 0  # new connections closed at the limit
+        self.shed = 0  # silent connections closed to make room
+        self.connections: dict[_Tracked, None] = {}  # open, oldest first
+        self.silent: dict[_Tracked, float] = {}  # open and nothing received yet: when each opened
         self._logged, self._unlogged = 0.0, 0
 
     def __call__(self) -> asyncio.Protocol:
         assert self.server is not None
-        if len(self.server.connections) < self.limit:
-            return self.server()
-        self.refused += 1
-        self._unlogged += 1
+        if len(self.connections) >= self.limit and not self._shed_one():
+            self.refused += 1
+            self._unlogged += 1
+            now = time.monotonic()
+            if now - self._logged >= 1.0:
+                log.warning("refused %d connection(s): at the limit of %d open", self._unlogged, self.limit)
+                self._logged, self._unlogged = now, 0
+            return _Refuse()
+        return _Tracked(self, self.server())
+
+    def _shed_one(self) -> bool:
+        """Close the oldest connection that has been silent for GRACE since it opened; whether one was."""
         now = time.monotonic()
-        if now - self._logged >= 1.0:
-            log.warning("refused %d connection(s): at the limit of %d open", self._unlogged, self.limit)
-            self._logged, self._unlogged = now, 0
-        return _Refuse()
+        for conn, opened in self.silent.items():
+            if now - opened < self.GRACE:
+                return False  # the others opened later
+            self.shed += 1
+            conn.close()
+            return True
+        return False
 
     @property
     def open(self) -> int:
-        return len(self.server.connections) if self.server is not None else 0
+        return len(self.connections)
+
+
+class _Tracked(asyncio.Protocol):
+    """A connection as its guard sees it: the aiohttp request handler behind, and whether it has spoken."""
+
+    __slots__ = ("guard", "inner", "transport")
+
+    def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol) -> None:
+        self.guard, self.inner = guard, inner
+        self.transport: asyncio.BaseTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        self.guard.connections[self] = None
+        self.guard.silent[self] = time.monotonic()
+        self.inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.guard.silent.pop(self, None)
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.guard.connections.pop(self, None)
+        self.guard.silent.pop(self, None)
+        self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+    def close(self) -> None:
+        self.guard.silent.pop(self, None)
+        if self.transport is not None:
+            self.transport.close()
 
 
 class _Refuse(asyncio.Protocol):

@@ -316,9 +316,10 @@ def time_scale_gauge(scale: float) -> Any:
     return gauge
 
 
-def listener_metrics(role: str, open_now: int, refused: int, unauthorized: int) -> Any:
+def listener_metrics(role: str, open_now: int, refused: int, shed: int, unauthorized: int) -> Any:
     """The listener's own families (``transport.process``, ``transport.signing``): connections open now,
-    connections closed at once because the process held its limit, and requests refused with 401."""
+    new connections closed at once because the process held its limit, silent ones closed to make room,
+    and requests refused with 401."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     gauge = GaugeMetricFamily(f"lbtestbed_{role}_connections_open", "Connections open to this process now")
@@ -330,6 +331,12 @@ def listener_metrics(role: str, open_now: int, refused: int, unauthorized: int) 
     )
     closed.add_metric([], refused)
     yield closed
+    made_room = CounterMetricFamily(
+        f"lbtestbed_{role}_connections_shed",
+        "Connections that had sent nothing since they opened, closed at the limit to make room for a new one",
+    )
+    made_room.add_metric([], shed)
+    yield made_room
     bad = CounterMetricFamily(
         f"lbtestbed_{role}_unauthorized",
         "Peer requests refused with 401: not signed with the cluster's key, replayed, or signed before "
