@@ -7,12 +7,15 @@ Each test reproduces one way the cluster broke before and checks that it no long
   port back), and its own answers are not believed;
 - thousands of idle connections, or a burst of 20,000 tasks, cannot take a dispatcher's descriptors: what
   it cannot hold it refuses and counts as its own refusal, and it never blames a node for it;
+- a dispatcher stopped for seconds does not take its own stall for the nodes' and refuses no task, and
+  timeouts never eject more than ``health.max_ejection`` of the nodes;
 
 Real processes on 127.0.0.1 throughout; every cluster is stopped by its context manager.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import resource
@@ -23,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,8 +38,9 @@ import uvloop
 from test_cluster import fcfs_spec, get, post, scrape, signed_by, wait_until, write_spec
 
 from lbtestbed.cluster.launcher import Cluster, healthy, spawn
-from lbtestbed.loadgen.openloop import drive
-from lbtestbed.model.spec import load_spec
+from lbtestbed.dispatcher.host import DispatcherHost
+from lbtestbed.loadgen.openloop import LoadReport, drive, poisson_tasks
+from lbtestbed.model.spec import load_spec, parse_spec
 from lbtestbed.transport.cluster_file import ClusterFile
 from lbtestbed.transport.process import ConnectionGuard
 from lbtestbed.transport.signing import Signer
@@ -324,3 +329,71 @@ def test_a_burst_of_20000_tasks_is_answered_without_blaming_a_node(crowded: Clus
     assert seen["failed"] == closed > 0, (seen, closed)
     assert health(disp)["events"] == [], "a node was marked down"
     assert grew("lbtestbed_dispatcher_health_checks_total", outcome="local") == 0
+
+
+# ============================================================================= 3. a stalled dispatcher
+
+
+async def drive_with(
+    url: str, tasks: list[tuple[float, float]], scale: float, events: list[tuple[float, Any]]
+) -> LoadReport:
+    """Drive ``tasks`` through dispatcher ``url`` and run each event at its wall second of the load."""
+    start = time.monotonic() + 0.1
+
+    async def act() -> None:
+        for at, event in events:
+            await asyncio.sleep(max(0.0, start + at - time.monotonic()))
+            event()
+
+    report, _ = await asyncio.gather(drive([url], tasks, scale, start=start), act())
+    return report
+
+
+def test_a_stopped_dispatcher_refuses_no_task_when_it_continues(tmp_path: Path) -> None:
+    """The dispatcher is stopped (SIGSTOP) for 5 s in the middle of a load and continued. To be sure it
+    stops with health checks out, the node processes are stopped 0.4 s before it (for 0.5 s, half the
+    health timeout): their answers wait in the stopped dispatcher's sockets, and when it continues, the
+    checks' deadlines have passed while it stood still, which says nothing about the nodes. No node is
+    marked down, and every task, those sent while it was stopped included, completes."""
+    spec = write_spec(tmp_path, fcfs_spec('name = "jiq"', count=4, load=0.5, scale=0.02) + HEALTH)
+    with Cluster(tmp_path / "cluster.json") as cluster:
+        f = cluster.up(load_spec(spec), node_processes=2)
+        disp, pid = f.dispatchers[0].url, f.dispatchers[0].pid
+        hosts = [h.pid for h in f.node_hosts]
+        exp = f.experiment()
+        tasks = list(poisson_tasks(exp, 7.0 / exp.run.time_scale))  # 7 s of wall time, 100 tasks a second
+
+        def each(pids: list[int], sig: int) -> Any:
+            return lambda: [os.kill(p, sig) for p in pids]
+
+        events = [
+            (0.5, each(hosts, signal.SIGSTOP)),
+            (0.9, each([pid], signal.SIGSTOP)),
+            (1.0, each(hosts, signal.SIGCONT)),
+            (5.9, each([pid], signal.SIGCONT)),
+        ]
+        try:
+            report = uvloop.run(drive_with(disp, tasks, exp.run.time_scale, events))
+        finally:
+            each([pid, *hosts], signal.SIGCONT)()
+        assert report.outcomes["completed"] == len(tasks), report.summary()
+        assert health(disp)["events"] == [], "a node was marked down"
+        stalled = scrape([disp]).total("lbtestbed_dispatcher_health_checks_total", outcome="stalled")
+        assert stalled >= 2, "the health checks out when the dispatcher stopped were not asked again"
+
+
+def test_timeouts_never_eject_more_than_max_ejection_of_the_nodes() -> None:
+    """Four node processes of two nodes each time out one after the other: with max_ejection 0.5 the
+    first two are marked down and the next two are spared (counted); a refused connection is evidence and
+    marks the third down all the same."""
+    doc = tomllib.loads(fcfs_spec('name = "jsq"', count=8) + HEALTH + "max_ejection = 0.5\n")
+    exp = parse_spec(doc)
+    urls = [f"http://127.0.0.1:{9000 + k // 2}/v1/nodes/{k}" for k in range(exp.n)]
+    health = DispatcherHost(exp, 0, 1, urls, "key").health
+    for p in health.processes:
+        p.contacted = True
+        health.down(p, "health check failed: TimeoutError", judged=True)
+    assert [p.up for p in health.processes] == [False, False, True, True]
+    assert (health.judged_down(), health.spared, health.up_count) == (4, 2, 4)
+    health.unreachable(4, "forward failed: connection refused")  # node 4 lives in process 2
+    assert [p.up for p in health.processes] == [False, False, False, True]
