@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -15,9 +16,11 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any, NoReturn
 
 from lbtestbed import __version__
+from lbtestbed.loadgen import TASK_DEADLINE
 from lbtestbed.model.spec import Experiment, SpecError, load_spec
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports it
 
 
 class Parser(argparse.ArgumentParser):
@@ -40,6 +43,17 @@ def at_least(minimum: int) -> Callable[[str], int]:
         return value
 
     return integer
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
 
 
 def netns_problem(args: argparse.Namespace) -> str | None:
@@ -322,9 +336,17 @@ def cmd_load(args: argparse.Namespace) -> int:
                 sys.stderr.write(f"\r  sent {done}/{total}")
                 sys.stderr.flush()
 
-        summary = run_load(urls, tasks, exp.run.time_scale, args.max_outstanding, progress).summary()
+        summary = run_load(
+            urls, tasks, exp.run.time_scale, args.max_outstanding, progress, deadline=args.deadline
+        ).summary()
         if not args.quiet:
             sys.stderr.write("\n")
+        if summary["interrupted"]:
+            print(
+                f"lbt: interrupted: {summary['sent']} of {summary['scheduled']} tasks sent so far, "
+                f"{summary['completed']} completed; the summary of what was done:",
+                file=sys.stderr,
+            )
     if args.json:
         json.dump(summary, sys.stdout, indent=1)
         sys.stdout.write("\n")
@@ -344,6 +366,8 @@ def cmd_load(args: argparse.Namespace) -> int:
                 f"open loop would send about {plan.expected():.0f}",
                 file=sys.stderr,
             )
+    if summary.get("interrupted"):
+        return EXIT_INTERRUPTED
     return EXIT_OK if summary["completed"] == summary["scheduled"] else EXIT_FAILED
 
 
@@ -647,6 +671,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="drop (and count) a task when N are outstanding (default 10000)",
     )
     load.add_argument(
+        "--deadline",
+        type=positive_seconds,
+        default=TASK_DEADLINE,
+        metavar="SECONDS",
+        help=f"wall seconds a task may take from its send to its answer; later ones are given up and "
+        f"counted as expired, so the run ends within its schedule plus this (default {TASK_DEADLINE:g})",
+    )
+    load.add_argument(
         "--schedule",
         metavar="TEXT",
         help="rate schedule over model time instead of the spec's constant rate: steps DURATION@MULT and "
@@ -754,7 +786,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("lbt: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except Exception as e:  # a bug, not bad input: say so in one line; LBT_DEBUG=1 shows the traceback
         if os.environ.get("LBT_DEBUG"):
             raise

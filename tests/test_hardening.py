@@ -9,6 +9,8 @@ Each test reproduces one way the cluster broke before and checks that it no long
   it cannot hold it refuses and counts as its own refusal, and it never blames a node for it;
 - a dispatcher stopped for seconds does not take its own stall for the nodes' and refuses no task, and
   timeouts never eject more than ``health.max_ejection`` of the nodes;
+- ``lbt load`` ends within its deadline even when the dispatcher never answers, and Ctrl-C prints what it
+  sent and what completed;
 
 Real processes on 127.0.0.1 throughout; every cluster is stopped by its context manager.
 """
@@ -39,7 +41,7 @@ from test_cluster import fcfs_spec, get, post, scrape, signed_by, wait_until, wr
 
 from lbtestbed.cluster.launcher import Cluster, healthy, spawn
 from lbtestbed.dispatcher.host import DispatcherHost
-from lbtestbed.loadgen.openloop import LoadReport, drive, poisson_tasks
+from lbtestbed.loadgen.openloop import OUTCOMES, LoadReport, drive, poisson_tasks
 from lbtestbed.model.spec import load_spec, parse_spec
 from lbtestbed.transport.cluster_file import ClusterFile
 from lbtestbed.transport.process import ConnectionGuard
@@ -397,3 +399,67 @@ def test_timeouts_never_eject_more_than_max_ejection_of_the_nodes() -> None:
     assert (health.judged_down(), health.spared, health.up_count) == (4, 2, 4)
     health.unreachable(4, "forward failed: connection refused")  # node 4 lives in process 2
     assert [p.up for p in health.processes] == [False, False, False, True]
+
+
+# ================================================================== 4, 8. the load generator ends
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ClusterFile, Path]]:
+    """A cluster of four FCFS nodes and the spec it runs (100 tasks a second of 10 ms on average)."""
+    directory = tmp_path_factory.mktemp("small")
+    spec = write_spec(directory, fcfs_spec('name = "jsq"', count=4, load=0.25, scale=0.01) + HEALTH)
+    with Cluster(directory / "cluster.json") as cluster:
+        yield cluster.up(load_spec(spec), node_processes=2), spec
+
+
+def lbt_load(spec: Path, f: ClusterFile, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [LBT, "load", str(spec), "--dispatcher", f.dispatchers[0].url, "--json", "--quiet", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_ctrl_c_prints_what_was_sent_and_completed(small: tuple[ClusterFile, Path]) -> None:
+    """SIGINT to ``lbt load`` once the dispatcher has completed 50 tasks of its 20 s schedule: it stops,
+    prints the summary of what it did (every scheduled task accounted for: completed, or cancelled while
+    out, or unsent) and exits 130."""
+    f, spec = small
+    disp = f.dispatchers[0].url
+
+    def completed() -> float:
+        return scrape([disp]).total("lbtestbed_dispatcher_tasks_total", outcome="completed")
+
+    before = completed()
+    proc = lbt_load(spec, f, "--duration", "2000")  # 20 s of wall time
+    wait_until(lambda: completed() > before + 50, timeout=15, what="the load to start")
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err, err
+    assert out, err
+    summary = json.loads(out)
+    assert summary["interrupted"] is True and summary["completed"] > 50 and summary["unsent"] > 1000
+    assert sum(summary[k] for k in OUTCOMES) == summary["scheduled"], summary
+
+
+def test_the_generator_ends_within_its_deadline_with_the_dispatcher_stopped(
+    small: tuple[ClusterFile, Path],
+) -> None:
+    """The dispatcher is stopped (SIGSTOP) and ``lbt load --deadline 1.5`` sends 0.5 s of tasks: none is
+    answered, each expires 1.5 s after its send, and the generator ends by itself (the subprocess timeout
+    is only the bound on a hang) and says so: every task expired, exit code 1."""
+    f, spec = small
+    pid = f.dispatchers[0].pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        proc = lbt_load(spec, f, "--duration", "50", "--deadline", "1.5")
+        out, err = proc.communicate(timeout=30)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert proc.returncode == 1, err
+    summary = json.loads(out)
+    assert summary["expired"] == summary["scheduled"] > 20, summary
+    assert summary["completed"] == 0 and summary["interrupted"] is False

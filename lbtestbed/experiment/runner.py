@@ -506,9 +506,9 @@ def run_experiment(
             f"the load generator could not keep its schedule: {load['late_sends']} late sends, "
             f"{load['dropped']} dropped"
         )
-    lost = int(load["refused"]) + int(load["lost"]) + int(load["failed"])  # type: ignore[call-overload]
+    lost = sum(int(load[k]) for k in ("refused", "lost", "failed", "expired"))  # type: ignore[call-overload]
     if lost:
-        warnings.append(f"{lost} tasks did not complete (refused, lost or failed): see results.json")
+        warnings.append(f"{lost} tasks did not complete (refused, lost, failed or expired): see results.json")
     context: dict[str, Any] = {"metrics_source": m.source, "directory": str(directory)}
     if preflight:
         context["preflight"] = preflight

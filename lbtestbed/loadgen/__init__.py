@@ -6,3 +6,7 @@
 - ``locustfile``: the same tasks from locust (open or closed loop) and its load shape
 - ``locust_run``: ``lbt load --locust``, locust headless in a child process
 """
+
+#: wall seconds a task may take from its send to its answer before a generator gives it up (``expired``);
+#: ``lbt load --deadline`` overrides it (here, not in ``openloop``, so that ``lbt`` starts without numpy)
+TASK_DEADLINE = 300.0

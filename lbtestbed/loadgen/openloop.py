@@ -5,8 +5,11 @@ simulator draws for the same seed) scaled to wall time, so the rate never drifts
 request; nothing waits for earlier tasks. A task's sojourn is measured from its *intended* send time, so a
 generator that falls behind does not hide the delay (no coordinated omission). Sends that leave late are
 counted with their lateness; tasks that would exceed the bound on outstanding requests are dropped and
-counted. Every task ends completed, refused (503), lost (502, the node failed) or dropped, or failed to reach
-a dispatcher at all; the counts add up to the tasks scheduled.
+counted. Every task has a deadline (``TASK_DEADLINE`` wall seconds from its send, overridable): one not
+answered by then is given up and counted ``expired``, so a run ends within its schedule plus the deadline
+whatever the cluster does. Every task ends completed, refused (503), lost (502, the node failed), dropped,
+expired, or failed to reach a dispatcher at all; a run interrupted (Ctrl-C) counts the tasks it had out as
+``cancelled`` and the ones it had not sent yet as ``unsent``. The counts add up to the tasks scheduled.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import signal
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -25,12 +29,15 @@ import numpy as np
 import orjson
 import uvloop
 
+from lbtestbed.loadgen import TASK_DEADLINE
 from lbtestbed.model.spec import Experiment
 from lbtestbed.model.workload import PoissonWorkload
 from lbtestbed.transport.http import HttpPool
 from lbtestbed.transport.wire import PREFIX
 
 LATE = 0.002  # wall seconds: a send that leaves later than this after its intended time counts as late
+#: how a scheduled task can end, as LoadReport.summary() lists them (they add up to ``scheduled``)
+OUTCOMES = ("completed", "refused", "lost", "dropped", "failed", "expired", "cancelled", "unsent")
 JSON_BODY = {"Content-Type": "application/json"}
 
 
@@ -84,7 +91,7 @@ def legs_of(
 @dataclass
 class LoadReport:
     scheduled: int = 0
-    outcomes: Counter[str] = field(default_factory=Counter)  # completed, refused, lost, dropped, failed
+    outcomes: Counter[str] = field(default_factory=Counter)  # OUTCOMES
     late: int = 0
     lateness: list[float] = field(default_factory=list)  # wall seconds, every send
     sojourns: list[float] = field(default_factory=list)  # model seconds, completed tasks
@@ -93,6 +100,7 @@ class LoadReport:
     wall_seconds: float = 0.0  # until the last task came back
     send_seconds: float = 0.0  # from the first intended send to the last actual send
     model_seconds: float = 0.0
+    interrupted: bool = False  # stopped early (Ctrl-C): tasks out are cancelled, the rest unsent
 
     def completed(
         self,
@@ -119,11 +127,11 @@ class LoadReport:
     def summary(self) -> dict[str, object]:
         lat = np.array(self.lateness) if self.lateness else np.zeros(1)
         soj = np.array(self.sojourns) if self.sojourns else np.full(1, np.nan)
-        sent = self.scheduled - self.outcomes["dropped"]
+        sent = self.scheduled - self.outcomes["dropped"] - self.outcomes["unsent"]
         return {
             "scheduled": self.scheduled,
             "sent": sent,
-            **{k: self.outcomes[k] for k in ("completed", "refused", "lost", "dropped", "failed")},
+            **{k: self.outcomes[k] for k in OUTCOMES},
             "rate_sent": sent / self.send_seconds if self.send_seconds else None,
             "late_sends": self.late,
             "lateness_p50_ms": 1e3 * float(np.quantile(lat, 0.5)),
@@ -134,6 +142,7 @@ class LoadReport:
             "sojourn_p99": float(np.quantile(soj, 0.99)) if self.sojourns else None,
             "wall_seconds": self.wall_seconds,
             "model_seconds": self.model_seconds,
+            "interrupted": self.interrupted,
         }
 
 
@@ -202,6 +211,34 @@ class YoungCollector:
             gc.enable()
 
 
+class Interrupt:
+    """Stops a ``drive`` early (Ctrl-C): the schedule's wait ends at once, nothing more is sent."""
+
+    def __init__(self) -> None:
+        self.set = False
+        self._nap: asyncio.Future[None] | None = None
+
+    def __call__(self) -> None:
+        self.set = True
+        if self._nap is not None and not self._nap.done():
+            self._nap.set_result(None)
+
+    async def sleep(self, seconds: float) -> None:
+        """``asyncio.sleep`` that the interrupt cuts short."""
+        loop = asyncio.get_running_loop()
+        self._nap = nap = loop.create_future()
+        handle = loop.call_later(seconds, _wake, nap)
+        try:
+            await nap
+        finally:
+            handle.cancel()
+
+
+def _wake(nap: asyncio.Future[None]) -> None:
+    if not nap.done():
+        nap.set_result(None)
+
+
 async def drive(
     dispatchers: Sequence[str],
     tasks: Sequence[tuple[float, float]],
@@ -211,15 +248,20 @@ async def drive(
     start: float | None = None,
     pools: Sequence[HttpPool] | None = None,
     routes: Sequence[int] | None = None,
+    deadline: float = TASK_DEADLINE,
+    interrupt: Interrupt | None = None,
 ) -> LoadReport:
     """Send ``tasks`` on their schedule, task i to dispatcher ``routes[i]`` (the spec's split:
     ``DispatcherSplit``; by default in turn); return what happened.
 
     Model time 0 is the monotonic instant ``start`` (default: 50 ms from now), so a caller can line up
     measurements with the schedule. A send's lateness is taken when its request starts, not when it is
-    queued, and no send leaves before its intended time (uvloop's timers can fire up to 1 ms early).
+    queued, and no send leaves before its intended time (uvloop's timers can fire up to 1 ms early). A
+    task not answered within ``deadline`` wall seconds of its send is expired; ``interrupt`` stops the
+    run early (the report says what was sent and completed until then).
     """
     report = LoadReport(scheduled=len(tasks))
+    interrupt = interrupt or Interrupt()
     own = pools is None  # a caller may share its pools (one per dispatcher) between drives
     if pools is None:
         pools = [HttpPool(d) for d in dispatchers]  # kept-alive connections: the task path's lean client
@@ -237,7 +279,7 @@ async def drive(
         try:
             body = b'{"work": %r}' % work  # repr of a finite float is a JSON number
             pool = pools[routes[i]] if routes is not None else pools[i % len(pools)]
-            status, raw = await pool.post(path, body)
+            status, raw = await pool.post(path, body, timeout=deadline)
             done = time.monotonic()
             if status == 200:
                 report.completed(t, work, orjson.loads(raw), intended, sent, done, time_scale)
@@ -245,9 +287,15 @@ async def drive(
                 outcome = {503: "refused", 502: "lost"}.get(status, "failed")
                 report.outcomes[outcome] += 1
                 report.failures.append((t, outcome, _node_of(raw)))
-        except (OSError, TimeoutError, ValueError, AttributeError, TypeError):
+        except TimeoutError:
+            report.outcomes["expired"] += 1
+            report.failures.append((t, "expired", -1))
+        except (OSError, ValueError, AttributeError, TypeError):
             report.outcomes["failed"] += 1
             report.failures.append((t, "failed", -1))
+        except asyncio.CancelledError:  # interrupted: its answer no longer counts
+            report.outcomes["cancelled"] += 1
+            report.failures.append((t, "cancelled", -1))
         finally:
             outstanding -= 1
 
@@ -255,13 +303,17 @@ async def drive(
         start = time.monotonic() + 0.05
     next_report = start + 1.0
     collector = YoungCollector()
+    sent = 0
     try:
         for i, (t, work) in enumerate(tasks):
             intended = start + t * time_scale
             now = time.monotonic()
-            while now < intended:
-                await asyncio.sleep(intended - now)
+            while now < intended and not interrupt.set:
+                await interrupt.sleep(intended - now)
                 now = time.monotonic()
+            if interrupt.set:
+                break
+            sent = i + 1
             if outstanding >= max_outstanding:
                 report.lateness.append(now - intended)
                 if now - intended > LATE:
@@ -278,6 +330,11 @@ async def drive(
                 if progress is not None:
                     progress(i + 1, len(tasks))
         report.send_seconds = time.monotonic() - start
+        if interrupt.set:
+            report.interrupted = True
+            report.outcomes["unsent"] += len(tasks) - sent
+            for task in list(pending):
+                task.cancel()
         if pending:
             await asyncio.gather(*pending)
     finally:
@@ -305,6 +362,33 @@ def run_load(
     max_outstanding: int = 10_000,
     progress: Callable[[int, int], None] | None = None,
     routes: Sequence[int] | None = None,
+    deadline: float = TASK_DEADLINE,
 ) -> LoadReport:
-    """``drive`` on a uvloop event loop of its own (asyncio's loop fell behind earlier at high rates)."""
-    return uvloop.run(drive(dispatchers, tasks, time_scale, max_outstanding, progress, routes=routes))
+    """``drive`` on a uvloop event loop of its own (asyncio's loop fell behind earlier at high rates). The
+    first SIGINT (Ctrl-C) stops the run and returns what it did so far (``interrupted``), as locust does;
+    a second one raises KeyboardInterrupt as usual."""
+
+    async def main() -> LoadReport:
+        interrupt = Interrupt()
+        loop = asyncio.get_running_loop()
+
+        def first_interrupt() -> None:
+            loop.remove_signal_handler(signal.SIGINT)  # the next one goes to Python's own handler
+            interrupt()
+
+        loop.add_signal_handler(signal.SIGINT, first_interrupt)
+        try:
+            return await drive(
+                dispatchers,
+                tasks,
+                time_scale,
+                max_outstanding,
+                progress,
+                routes=routes,
+                deadline=deadline,
+                interrupt=interrupt,
+            )
+        finally:
+            loop.remove_signal_handler(signal.SIGINT)
+
+    return uvloop.run(main())

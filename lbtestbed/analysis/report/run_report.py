@@ -359,9 +359,11 @@ def _faults_section(rep: RunReport) -> list[str]:
         f"Times in model seconds from the start of the load; in brackets the delay after the fault began "
         f"or ended (heartbeat every {e.health.heartbeat:g} s wall, timeout {e.health.timeout:g} s wall "
         f"= {e.health.timeout / e.run.time_scale:.3g} model s). Every task is accounted for: "
-        f"{load.get('sent', 0)} sent = {load.get('completed', 0)} completed + {load.get('refused', 0)} "
-        f"refused + {load.get('lost', 0)} lost with a node + {load.get('failed', 0)} lost with a dispatcher "
-        f"or unreachable + {load.get('dropped', 0)} dropped by the generator. Batches "
+        f"{load.get('scheduled', 0)} scheduled = {load.get('completed', 0)} completed + "
+        f"{load.get('refused', 0)} refused + {load.get('lost', 0)} lost with a node + "
+        f"{load.get('failed', 0)} lost with a dispatcher or unreachable + {load.get('expired', 0)} expired "
+        f"(no answer within the "
+        f"generator's deadline) + {load.get('dropped', 0)} dropped by the generator. Batches "
         f"{', '.join(map(str, excluded)) or 'none'} of {e.run.batches} overlap a fault or the warm-up after "
         f"it and are left out of the comparison (docs/faults.md).",
         "",
@@ -455,7 +457,8 @@ def markdown(rep: RunReport, images: Sequence[Path]) -> str:
         f"in {e.run.batches} batches; time_scale {e.run.time_scale:g} wall s per model s",
         f"- metrics read by: {rep.context.get('metrics_source', 'scrape')}",
         f"- load: {load.get('sent', '-')} tasks sent, {load.get('completed', '-')} completed, "
-        f"{load.get('refused', 0)} refused, {load.get('lost', 0)} lost, {load.get('dropped', 0)} dropped; "
+        f"{load.get('refused', 0)} refused, {load.get('lost', 0)} lost, {load.get('expired', 0)} expired, "
+        f"{load.get('dropped', 0)} dropped; "
         f"{load.get('late_sends', 0)} late sends (lateness p99 {_num(load.get('lateness_p99_ms'))} ms)",
         f"- network and dispatch overhead per task (client sojourn minus time at the node): "
         f"{_num(overhead.get('value'), overhead.get('ci95'))} model s",
