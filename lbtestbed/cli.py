@@ -91,6 +91,16 @@ def preflight(
     return exp, record, None
 
 
+def run_size_problem(exp: Experiment) -> str | None:
+    """Why ``lbt run`` could not hold the tasks it sends (the spec's warm-up, window and drain), or None."""
+    from lbtestbed.model.spec import sent_tasks_problem
+
+    # lbt run's arrivals: warm-up, window, and a fifth of the window more on processor-sharing nodes
+    # (experiment.runner.drain_arrivals); the larger of the two, without importing the runner
+    horizon = exp.run.warmup + 1.2 * exp.run.duration
+    return sent_tasks_problem(exp, horizon, "the run")
+
+
 def _bad_input(message: str) -> int:
     print(f"lbt: error: {message}", file=sys.stderr)
     return EXIT_BAD_INPUT
@@ -108,11 +118,12 @@ def _progress(label: str) -> Any:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    exp = load_spec(args.spec, args.set)  # a bad spec fails first, before the heavy imports
+
     from lbtestbed.analysis.results.result import summarize
     from lbtestbed.analysis.results.tables import render
     from lbtestbed.analysis.simulator import simulate_once
 
-    exp = load_spec(args.spec, args.set)
     k = args.replications
     if k == 1:
         raws = [simulate_once(exp, 0, None if args.quiet else _progress(exp.name))]
@@ -135,10 +146,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
+    exp = load_spec(args.spec, args.set)
+
     from lbtestbed.analysis.results.tables import render, render_notes, render_transient
     from lbtestbed.analysis.theory import predict, transient_table
 
-    exp = load_spec(args.spec, args.set)
     result = predict(exp)
     transient = None
     if args.transient:
@@ -182,15 +194,17 @@ def _prometheus_problem(args: argparse.Namespace) -> tuple[int, str] | None:
 def cmd_cluster(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    if args.action == "up" and args.spec is None:
+        return _bad_input("lbt cluster up needs a SPEC")
+    # a bad spec fails here, before any process starts (and before the launcher is imported)
+    exp = load_spec(args.spec, args.set) if args.action == "up" else None
+
     from lbtestbed.cluster.launcher import Cluster
     from lbtestbed.transport.cluster_file import ClusterError
 
     cluster = Cluster(Path(args.file))
     try:
-        if args.action == "up":
-            if args.spec is None:
-                return _bad_input("lbt cluster up needs a SPEC")
-            exp = load_spec(args.spec, args.set)  # a bad spec fails here, before any process starts
+        if exp is not None:
             problem = netns_problem(args)
             if problem:
                 return _bad_input(problem)
@@ -394,15 +408,16 @@ def _run_errors() -> tuple[type[Exception], ...]:
 def cmd_run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    exp = load_spec(args.spec, args.set)  # a bad spec fails before anything starts
+    problem = netns_problem(args) or run_size_problem(exp)
+    if problem:
+        return _bad_input(problem)
+
     from lbtestbed.analysis.report.run_report import terminal
     from lbtestbed.experiment.preflight import at_cluster_scale
     from lbtestbed.experiment.runner import existing_cluster, run_experiment
     from lbtestbed.transport.cluster_file import ClusterError
 
-    exp = load_spec(args.spec, args.set)  # a bad spec fails before anything starts
-    problem = netns_problem(args)
-    if problem:
-        return _bad_input(problem)
     say = _stages(args.quiet)
     record: dict[str, Any] = {}
     if args.endpoints:
@@ -456,6 +471,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if not args.simulate_only:  # every point is checked (and its time scale picked) before the first runs
         for i, (settings, point) in enumerate(grid):
             resolved, _, refusal = preflight(point, args, say)
+            refusal = refusal or run_size_problem(point)
             if refusal:
                 return _bad_input(f"sweep point {' '.join(settings)}: {refusal}")
             grid[i] = (settings, resolved)

@@ -463,3 +463,40 @@ def test_the_generator_ends_within_its_deadline_with_the_dispatcher_stopped(
     summary = json.loads(out)
     assert summary["expired"] == summary["scheduled"] > 20, summary
     assert summary["completed"] == 0 and summary["interrupted"] is False
+
+
+# ================================================================================== 5. specs too big
+
+JIQ = Path(__file__).resolve().parents[1] / "examples" / "jiq.toml"
+
+
+def address_space(limit: int) -> Any:
+    return lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+@pytest.mark.parametrize(
+    ("command", "override", "key"),
+    [
+        ("run", "run.duration=1e9", "run.duration"),
+        ("run", "run.warmup=1e12", "run.warmup"),
+        ("simulate", "classes[0].count=10000000", "classes[0].count"),
+        ("cluster", "classes[0].count=10000000", "classes[0].count"),
+    ],
+)
+def test_a_spec_that_asks_too_much_is_refused_before_anything_starts(
+    tmp_path: Path, command: str, override: str, key: str
+) -> None:
+    """Specs that look valid but ask for more than a process can hold (a window of 1e9 model seconds, a
+    warm-up of 1e12, ten million nodes) are refused when they are read: one line naming the key, exit 2,
+    nothing built. The process may use 3 GiB of address space, so that building the tasks or the nodes
+    would fail at once with a MemoryError (exit 1) instead of filling the machine."""
+    args = [LBT, command, *(["up"] if command == "cluster" else []), str(JIQ), "--set", override]
+    if command == "cluster":
+        args += ["--file", str(tmp_path / "cluster.json")]
+    proc = subprocess.run(
+        args, capture_output=True, text=True, timeout=60, preexec_fn=address_space(3 * 2**30), cwd=tmp_path
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and key in lines[0] and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "cluster.json").exists()

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from lbtestbed.loadgen.openloop import poisson_tasks, read_trace
 from lbtestbed.loadgen.schedule import RateSchedule, ScheduleError, parse_schedule, scheduled_tasks
-from lbtestbed.model.spec import Experiment
+from lbtestbed.model.spec import Experiment, sent_tasks_problem
 from lbtestbed.model.workload import DispatcherSplit
 
 MODES = ("open", "closed")
@@ -103,15 +103,23 @@ def build_plan(
             rate = parse_schedule(schedule)
         except ScheduleError as e:
             raise ScheduleError(f"schedule: {e}") from None
+        _check_size(exp, rate.total, "the schedule")  # total: model seconds at the spec's rate
         tasks = list(scheduled_tasks(exp, rate))
     else:
         horizon = duration if duration is not None else exp.run.warmup + exp.run.duration
         if not (math.isfinite(horizon) and horizon > 0):
             raise ValueError(f"the duration must be a positive number of model seconds, got {horizon:g}")
+        _check_size(exp, horizon, "the load")
         rate = RateSchedule.constant(horizon)
         tasks = list(poisson_tasks(exp, horizon))
     routes = DispatcherSplit(exp).take(len(tasks))
     return Plan(exp, mode, rate, tasks, list(dispatchers), routes, users, max_outstanding, drain)
+
+
+def _check_size(exp: Experiment, model_seconds: float, what: str) -> None:
+    problem = sent_tasks_problem(exp, model_seconds, what)
+    if problem:
+        raise ValueError(problem)
 
 
 def closed_users(plan: Plan, run_time: float) -> int | None:

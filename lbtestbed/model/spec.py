@@ -39,9 +39,20 @@ POLICIES = (
 )
 TIE_BREAKS = ("random", "fastest", "slowest", "longest_idle", "fastest_idle")
 UTILITY_POLICIES = ("jlmu", "slta")
-#: nodes per class: far above what a simulation or a cluster can hold, low enough to fail with a message
-#: rather than run out of memory building per-node tables
-MAX_NODES = 10_000_000
+# What a spec may ask for (docs/spec.md, "Limits"): checked when it is read, so that a spec that would
+# exhaust a process's memory or run for days is one line and exit 2, never a MemoryError after seconds.
+#: nodes in all: a process that holds every node (the simulator, a dispatcher) keeps 0.4 to 1.7 KB each
+MAX_NODES = 1_000_000
+#: expected arrivals over warm-up and measured window: beyond this a simulation alone takes hours
+MAX_ARRIVALS = 10**9
+#: memory one process may need for what the spec asks (measured costs below, rounded up)
+MAX_PROCESS_BYTES = 4 * 2**30
+#: bytes per node in the process that holds the most of them (the simulator: node model, policy state)
+NODE_BYTES = 2048
+#: bytes the simulator keeps per task of the measured window (its sojourn, by batch and by class)
+MEASURED_TASK_BYTES = 48
+#: bytes a load generator keeps per task it sends (the schedule, and the record of its answer)
+SENT_TASK_BYTES = 640
 
 #: how arrivals are spread over several dispatchers: each to a uniformly random one, or in turn
 SPLITS = ("random", "round_robin")
@@ -522,6 +533,8 @@ def parse_spec(data: Mapping[str, Any], source: str = "<spec>") -> Experiment:
         if nm in names[:i]:
             raise top.fail(f"classes[{i}].name", f"duplicate class name {nm!r}")
     n = sum(c.count for c in classes)
+    if n > MAX_NODES:
+        raise top.fail("classes", f"{n:,} nodes in all: at most {MAX_NODES:,} (docs/spec.md, Limits)")
 
     w = top.sub("workload")
     w.check_keys(("load", "arrival_rate", "beta", "service"))
@@ -573,6 +586,7 @@ def parse_spec(data: Mapping[str, Any], source: str = "<spec>") -> Experiment:
         batches=rr.integer("batches", default=20, minimum=2),
         auto_time_scale=auto,
     )
+    _check_size(rr, n, rate, run)
 
     network = NetworkSpec()
     if top.has("network"):
@@ -617,6 +631,40 @@ def _halfin_whitt_rate(
             f"least the {capacity:.4g} tasks per second the drawn speeds serve",
         )
     return rate
+
+
+def _check_size(rr: _Reader, n: int, rate: float, run: RunSpec) -> None:
+    """Refuse a run longer or a simulation larger than any process can take (docs/spec.md, Limits)."""
+    arrivals = rate * (run.warmup + run.duration)
+    if arrivals > MAX_ARRIVALS:
+        longest = MAX_ARRIVALS / rate
+        raise rr.fail(
+            "duration" if run.duration >= run.warmup else "warmup",
+            f"warmup + duration = {run.warmup + run.duration:g} model s brings {arrivals:.3g} tasks at "
+            f"{rate:g} per model s: at most {MAX_ARRIVALS:.0e} ({longest:.4g} model s)",
+        )
+    need = n * NODE_BYTES + rate * run.duration * MEASURED_TASK_BYTES
+    if need > MAX_PROCESS_BYTES:
+        raise rr.fail(
+            "duration",
+            f"the simulation would hold {need / 2**30:.3g} GiB ({n:,} nodes, {rate * run.duration:.3g} "
+            f"measured tasks): at most {MAX_PROCESS_BYTES / 2**30:g} GiB per process",
+        )
+
+
+def sent_tasks_problem(exp: Experiment, model_seconds: float, what: str = "the load") -> str | None:
+    """Why a load generator cannot hold ``model_seconds`` of the spec's arrivals (the schedule and a record
+    of each answer), or None; for ``lbt load`` and ``lbt run`` before anything starts."""
+    tasks = exp.workload.arrival_rate * model_seconds
+    need = tasks * SENT_TASK_BYTES
+    if need <= MAX_PROCESS_BYTES:
+        return None
+    most = MAX_PROCESS_BYTES / SENT_TASK_BYTES / exp.workload.arrival_rate
+    return (
+        f"{exp.source}: {what} of {model_seconds:g} model s sends {tasks:.3g} tasks, which the generator "
+        f"would hold in {need / 2**30:.3g} GiB: at most {MAX_PROCESS_BYTES / 2**30:g} GiB per process "
+        f"({most:.4g} model s at this rate)"
+    )
 
 
 def _parse_faults(top: _Reader, spec: PolicySpec, n: int, run: RunSpec) -> tuple[Fault, ...]:
