@@ -9,7 +9,9 @@ import argparse
 import json
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -790,9 +792,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _interrupted(sig: int, frame: object) -> None:
+    from lbtestbed.cluster.processes import Interrupted
+
+    raise Interrupted(sig)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        # SIGTERM and SIGHUP end a command as Ctrl-C does: what it started (a cluster) is stopped on the way
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, _interrupted)
     if getattr(args, "dispatchers", None) is not None:  # an override of the spec's key, after the others
         args.set = [*args.set, f"policy.dispatchers={args.dispatchers}"]
     try:
@@ -800,9 +812,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SpecError as e:
         print(f"lbt: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        print("lbt: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as e:
+        sig = getattr(e, "signal", signal.SIGINT)
+        print(f"lbt: interrupted ({signal.Signals(sig).name})", file=sys.stderr)
+        return 128 + sig
     except Exception as e:  # a bug, not bad input: say so in one line; LBT_DEBUG=1 shows the traceback
         if os.environ.get("LBT_DEBUG"):
             raise

@@ -914,8 +914,9 @@ def test_stalled_bodies_hold_only_their_own_connection(live: Live) -> None:
                 else (live.hosts[0], f"/v1/nodes/{live.here[0]}/tasks")
             )
             s = socket.create_connection(host_port(url), timeout=TIMEOUT)
+            signature = live.sign("POST", url + path, b'{"work": 1}')["Authorization"]
             s.sendall(
-                f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {live.token}\r\n"
+                f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: {signature}\r\n"
                 f'Content-Length: 100\r\n\r\n{{"work": 1'.encode()
             )
             stalled.append(s)

@@ -11,6 +11,9 @@ Each test reproduces one way the cluster broke before and checks that it no long
   timeouts never eject more than ``health.max_ejection`` of the nodes;
 - ``lbt load`` ends within its deadline even when the dispatcher never answers, and Ctrl-C prints what it
   sent and what completed;
+- a spec that asks for more than a process can hold is refused when it is read;
+- ``lbt cluster up`` and ``down`` hold a lock, signal only the processes they started (never a reused pid)
+  and leave nothing running when ``up`` is interrupted;
 
 Real processes on 127.0.0.1 throughout; every cluster is stopped by its context manager.
 """
@@ -18,6 +21,7 @@ Real processes on 127.0.0.1 throughout; every cluster is stopped by its context 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import resource
@@ -31,10 +35,10 @@ import time
 import tomllib
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import uvloop
 from test_cluster import fcfs_spec, get, post, scrape, signed_by, wait_until, write_spec
@@ -43,7 +47,7 @@ from lbtestbed.cluster.launcher import Cluster, healthy, spawn
 from lbtestbed.dispatcher.host import DispatcherHost
 from lbtestbed.loadgen.openloop import OUTCOMES, LoadReport, drive, poisson_tasks
 from lbtestbed.model.spec import load_spec, parse_spec
-from lbtestbed.transport.cluster_file import ClusterFile
+from lbtestbed.transport.cluster_file import ClusterFile, Endpoint
 from lbtestbed.transport.process import ConnectionGuard
 from lbtestbed.transport.signing import Signer
 
@@ -97,7 +101,7 @@ class _SquatterHandler(socketserver.StreamRequestHandler):
             )
 
 
-@contextmanager
+@contextlib.contextmanager
 def squatting(port: int, nodes: list[int]) -> Iterator[Squatter]:
     server = Squatter(port, nodes)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -181,7 +185,7 @@ def test_a_squatter_on_a_dead_node_port_gets_nothing_it_can_use(tmp_path: Path) 
 # =================================================================== 2. connections and descriptors
 
 
-@contextmanager
+@contextlib.contextmanager
 def cluster_up(
     directory: Path, spec_text: str, fd_limit: int | None = None, node_processes: int = 2
 ) -> Iterator[ClusterFile]:
@@ -500,3 +504,113 @@ def test_a_spec_that_asks_too_much_is_refused_before_anything_starts(
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and key in lines[0] and "Traceback" not in proc.stderr, proc.stderr
     assert not (tmp_path / "cluster.json").exists()
+
+
+# =========================================================================== 6. cluster up and down
+
+
+def processes_of(path: Path) -> set[int]:
+    """Every process on the machine that runs for the cluster file ``path``."""
+    out = set()
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if "--cluster" in cmdline and str(path) in cmdline:
+            out.add(proc.info["pid"])
+    return out
+
+
+def recorded(path: Path) -> set[int]:
+    f = ClusterFile.load(path)
+    return {e.pid for e in f.dispatchers + f.node_hosts}
+
+
+def test_two_ups_at_once_leave_one_cluster_and_no_orphan(tmp_path: Path) -> None:
+    """Two ``lbt cluster up`` on one cluster file, started together: one brings the cluster up, the other
+    waits for the file's lock, finds it up and refuses (exit 1); every process running for the file is one
+    the file records, and ``down`` leaves none."""
+    spec = write_spec(tmp_path, fcfs_spec('name = "jsq"', count=4))
+    path = tmp_path / "cluster.json"
+    ups = [
+        subprocess.Popen(
+            [LBT, "cluster", "up", str(spec), "--file", str(path), "--node-processes", "2"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    try:
+        results = sorted((up.wait(timeout=60), up.communicate()[1]) for up in ups)
+        assert [code for code, _ in results] == [0, 1], results
+        assert "already up" in results[1][1]
+        assert processes_of(path) == recorded(path) and len(recorded(path)) == 3
+    finally:
+        subprocess.run([LBT, "cluster", "down", "--file", str(path)], capture_output=True, timeout=60)
+    wait_until(lambda: not processes_of(path), what="every process of the cluster to stop")
+
+
+def test_a_reused_pid_is_never_signalled(tmp_path: Path) -> None:
+    """A cluster file whose recorded pids now belong to another process (the cluster died and the kernel
+    gave the numbers to others; here a sleeper in a session of its own, as ours are): one record has
+    another start time, the other the sleeper's start time but the command line of a dispatcher. ``lbt
+    cluster status`` calls both DEAD, ``down`` stops nothing and the sleeper lives on."""
+    spec = write_spec(tmp_path, fcfs_spec('name = "jsq"', count=4))
+    path = tmp_path / "cluster.json"
+    sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        command = [sys.executable, "-m", "lbtestbed.dispatcher", "--cluster", str(path), "--index", "0"]
+        born = psutil.Process(sleeper.pid).create_time()
+        ClusterFile(
+            str(spec),
+            [],
+            "0" * 32,
+            [Endpoint("dispatcher", 0, "http://127.0.0.1:9", pid=sleeper.pid, started=born, cmdline=command)],
+            [
+                Endpoint(
+                    "nodes", 0, "http://127.0.0.1:9", [0], sleeper.pid, started=born - 3600, cmdline=["sleep"]
+                )
+            ],
+        ).save(path)
+        status = subprocess.run(
+            [LBT, "cluster", "status", "--file", str(path)], capture_output=True, text=True, timeout=30
+        )
+        assert status.returncode == 1 and status.stdout.count("DEAD") == 2, status.stdout
+        down = subprocess.run(
+            [LBT, "cluster", "down", "--file", str(path)], capture_output=True, text=True, timeout=30
+        )
+        assert down.returncode == 0 and "stopped 0 process" in down.stdout, down.stdout
+        assert sleeper.poll() is None, "down signalled a process that was not the cluster's"
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_an_interrupted_up_leaves_nothing_running(tmp_path: Path) -> None:
+    """SIGTERM to ``lbt cluster up`` once it has started some of the cluster's processes (the file records
+    them): it stops what it started and exits, and nothing runs for the cluster file afterwards."""
+    spec = write_spec(tmp_path, fcfs_spec('name = "jsq"', count=4))
+    path = tmp_path / "cluster.json"
+    up = subprocess.Popen(
+        [LBT, "cluster", "up", str(spec), "--file", str(path), "--node-processes", "2"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    def started_some() -> bool:
+        with contextlib.suppress(Exception):
+            return any(e.pid for e in ClusterFile.load(path).node_hosts)
+        return False
+
+    try:
+        wait_until(started_some, timeout=30, what="up to start a process")
+        up.send_signal(signal.SIGTERM)
+        _, err = up.communicate(timeout=60)
+        assert up.returncode == 128 + signal.SIGTERM and "interrupted (SIGTERM)" in err, err
+        assert processes_of(path) == set()
+        assert not path.exists()
+    finally:
+        if up.poll() is None:
+            up.kill()
+        if path.exists():
+            Cluster(path).down()

@@ -61,6 +61,7 @@ from lbtestbed.cluster.prometheus import (
 from lbtestbed.loadgen.openloop import LoadReport, drive, poisson_tasks
 from lbtestbed.model.spec import load_spec
 from lbtestbed.transport.cluster_file import ClusterFile
+from lbtestbed.transport.signing import Signer
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "deploy" / "prometheus"
@@ -391,9 +392,8 @@ class Faults:
 
 def switch_fault(url: str, token: str, index: int, active: bool) -> None:
     body = json.dumps({"fault": index, "active": active}).encode()
-    req = urllib.request.Request(
-        f"{url}/v1/faults", data=body, headers={"Authorization": f"Bearer {token}"}, method="POST"
-    )
+    headers, _ = Signer(token).headers("POST", f"{url}/v1/faults", body)  # as a peer signs it
+    req = urllib.request.Request(f"{url}/v1/faults", data=body, headers=headers, method="POST")
     with urllib.request.urlopen(req, timeout=5) as resp:
         assert resp.status == 200
 

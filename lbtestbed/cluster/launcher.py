@@ -4,13 +4,18 @@
 process in its own session, and waits until each answers its health check. Each process reads its part of
 the cluster file, so the command lines carry no secret. ``down`` stops them (SIGTERM, then SIGKILL) and
 removes the file. ``Cluster`` is the same as a context manager, for tests and ``lbt run``.
+
+``up`` and ``down`` hold the cluster file's lock (two ``up``s on one file: the second finds the first's
+cluster and refuses). Every process is recorded in the file, with its start time and command line, before
+anything else happens (a signal that arrives meanwhile waits), and ``down`` signals only processes that
+still match their record. SIGINT, SIGTERM or SIGHUP during ``up`` stop what it started.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import time
@@ -20,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from lbtestbed.cluster import netns as ns
-from lbtestbed.cluster.processes import alive, free_ports, signal_group
+from lbtestbed.cluster.processes import DeferredSignals, Started, free_ports, locked, stop_all
 from lbtestbed.model.spec import Experiment
 from lbtestbed.transport.cluster_file import DEFAULT_FILE, LOOPBACK, ClusterError, ClusterFile, Endpoint
 from lbtestbed.transport.wire import PREFIX
@@ -46,10 +51,17 @@ def split_nodes(n: int, processes: int) -> list[list[int]]:
     return groups
 
 
+def started(e: Endpoint) -> Started:
+    """The process of endpoint ``e`` as the cluster file records it."""
+    return Started(e.pid, e.started, tuple(e.cmdline))
+
+
 def spawn(path: Path, f: ClusterFile, e: Endpoint) -> subprocess.Popen[bytes]:
     """Start the process of endpoint ``e`` of the cluster file at ``path`` (also to restart it after a
-    fault); sets ``e.pid``. It reads its part of the cluster file; output goes to its log."""
+    fault); records it in ``e`` (pid, start time, command line). It reads its part of the cluster file;
+    output goes to its log."""
     module = "lbtestbed.server_node" if e.role == "nodes" else "lbtestbed.dispatcher"
+    command = [sys.executable, "-m", module, "--cluster", str(path), "--index", str(e.index)]
     prefix = []
     if f.netns and e.role == "nodes":
         prefix = [
@@ -60,13 +72,14 @@ def spawn(path: Path, f: ClusterFile, e: Endpoint) -> subprocess.Popen[bytes]:
         ]  # exec: the pid stays
     with open(e.log or os.devnull, "ab") as log:
         proc = subprocess.Popen(
-            [*prefix, sys.executable, "-m", module, "--cluster", str(path), "--index", str(e.index)],
+            [*prefix, *command],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-    e.pid = proc.pid
+    record = Started.of(proc.pid, command)
+    e.pid, e.started, e.cmdline = record.pid, record.started, list(record.cmdline)
     return proc
 
 
@@ -77,6 +90,17 @@ def healthy(url: str) -> bool:
             return bool(resp.status == 200)
     except (urllib.error.URLError, OSError):
         return False
+
+
+def _prometheus(f: ClusterFile) -> Started:
+    return Started(f.prometheus_pid, f.prometheus_started, tuple(f.prometheus_cmdline))
+
+
+def _recorded(f: ClusterFile) -> list[Started]:
+    """Every process the cluster file records: dispatchers, node hosts, and its Prometheus (which closes
+    its database on SIGTERM)."""
+    procs = [started(e) for e in f.dispatchers + f.node_hosts if e.pid]
+    return procs + ([_prometheus(f)] if f.prometheus_pid else [])
 
 
 class Cluster:
@@ -102,23 +126,48 @@ class Cluster:
 
         The processes read the experiment themselves, from the file and overrides it was loaded from
         (``exp.source``, ``exp.overrides``); it runs the spec's ``policy.dispatchers`` dispatchers."""
-        dispatchers = exp.policy.dispatchers
         if not Path(exp.source).is_file():
             raise ClusterError(
                 f"{exp.source}: the cluster's processes read the spec from a file: no such file"
             )
         if node_processes is not None and node_processes < 1:
             raise ClusterError(f"a cluster needs at least one node process, got {node_processes}")
-        if self.path.exists():
-            old = ClusterFile.load(self.path)
-            running = [e.pid for e in old.dispatchers + old.node_hosts if e.pid and alive(e.pid)]
-            running += [old.prometheus_pid] if old.prometheus_pid and alive(old.prometheus_pid) else []
-            if running:
-                raise ClusterError(
-                    f"{self.path}: a cluster is already up (pid {running[0]}); run `lbt cluster down` first"
-                )
         if bandwidth and not netns:
             raise ClusterError("a bandwidth limit needs --netns: loopback has no link to limit")
+        with locked(self.path), DeferredSignals() as signals:
+            self._refuse_if_up()
+            try:
+                self._start(exp, node_processes, max_tasks, timeout, netns, bandwidth, signals)
+            except BaseException:
+                self._stop()
+                raise
+        assert self.file is not None
+        return self.file
+
+    def _refuse_if_up(self) -> None:
+        if not self.path.exists():
+            return
+        try:
+            old = ClusterFile.load(self.path)
+        except ClusterError:
+            return  # not a cluster file (an interrupted save): nothing of it runs
+        running = [p.pid for p in _recorded(old) if p.ours()]
+        if running:
+            raise ClusterError(
+                f"{self.path}: a cluster is already up (pid {running[0]}); run `lbt cluster down` first"
+            )
+
+    def _start(
+        self,
+        exp: Experiment,
+        node_processes: int | None,
+        max_tasks: int,
+        timeout: float,
+        netns: bool,
+        bandwidth: str,
+        signals: DeferredSignals,
+    ) -> None:
+        dispatchers = exp.policy.dispatchers
         if node_processes is None:
             node_processes = default_node_processes(exp.n, os.cpu_count() or 2)
         groups = split_nodes(exp.n, node_processes)
@@ -160,15 +209,11 @@ class Cluster:
             netns=layout.to_json() if layout else {},
         )
         self.file.save(self.path)
-        try:
-            for e in hosts + disp:
+        for e in hosts + disp:
+            with signals.critical():  # a process exists only once the file records it
                 self.procs.append(spawn(self.path, self.file, e))
-            self.file.save(self.path)
-            self._wait_healthy(timeout)
-        except BaseException:
-            self.down()
-            raise
-        return self.file
+                self.file.save(self.path)
+        self._wait_healthy(timeout)
 
     def _wait_healthy(self, timeout: float) -> None:
         assert self.file is not None
@@ -176,7 +221,7 @@ class Cluster:
         deadline = time.monotonic() + timeout
         while pending:
             for e in list(pending):
-                if not alive(e.pid):
+                if not started(e).ours():
                     tail = Path(e.log).read_text(errors="replace").strip().splitlines()[-3:] if e.log else []
                     raise ClusterError(
                         f"{e.role} {e.index} (pid {e.pid}) exited at start: " + " | ".join(tail)
@@ -203,6 +248,8 @@ class Cluster:
         if server.proc is not None:
             self.procs.append(server.proc)  # reaped with the cluster's processes
         self.file.prometheus_url, self.file.prometheus_pid = server.url, server.pid
+        self.file.prometheus_started = server.started.started
+        self.file.prometheus_cmdline = list(server.started.cmdline)
         self.file.save(self.path)
         return server.url
 
@@ -214,7 +261,7 @@ class Cluster:
                 "index": e.index,
                 "url": e.url,
                 "pid": e.pid,
-                "alive": alive(e.pid),
+                "alive": started(e).ours(),
                 "healthy": healthy(e.url),
                 "nodes": len(e.nodes),
             }
@@ -223,7 +270,7 @@ class Cluster:
         if f.prometheus_pid:
             from lbtestbed.cluster.prometheus import ready
 
-            running = alive(f.prometheus_pid)
+            running = _prometheus(f).ours()
             rows.append(
                 {
                     "role": "prometheus",
@@ -238,30 +285,29 @@ class Cluster:
         return rows
 
     def down(self, grace: float = 5.0) -> int:
-        """Stop every process of the cluster; returns how many were still running."""
+        """Stop every process of the cluster that is still the one its file records; returns how many
+        were running."""
+        with locked(self.path):
+            return self._stop(grace)
+
+    def _stop(self, grace: float = 5.0) -> int:
+        """``down`` with the lock held."""
         f = self.file
         if f is None and self.path.exists():
-            f = ClusterFile.load(self.path)
-        pids = [e.pid for e in (f.dispatchers + f.node_hosts if f else []) if e.pid]
-        pids += [f.prometheus_pid] if f and f.prometheus_pid else []  # SIGTERM: it closes its TSDB
-        pids += [p.pid for p in self.procs if p.pid not in pids]
-        running = [p for p in pids if alive(p)]
-        for pid in running:
-            signal_group(pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(alive(p) for p in running):
-            self._reap()
-            time.sleep(0.05)
-        for pid in running:
-            if alive(pid):
-                signal_group(pid, signal.SIGKILL)
+            with contextlib.suppress(ClusterError):  # a file cut short by an interrupted save
+                f = ClusterFile.load(self.path)
+        procs = _recorded(f) if f is not None else []
+        # our own children the file may not record yet (a start interrupted): theirs pids are still ours
+        recorded = {p.pid for p in procs}
+        procs += [Started.of(p.pid, ()) for p in self.procs if p.pid not in recorded and p.poll() is None]
+        stopped = stop_all(procs, grace)
         self._reap()
         if f is not None and f.netns:
             ns.destroy(ns.Layout.from_json(f.netns))
         if self.path.exists():
             self.path.unlink()
         self.file = None
-        return len(running)
+        return stopped
 
     def _reap(self) -> None:
         for p in self.procs:

@@ -24,7 +24,6 @@ import argparse
 import json
 import math
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -35,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lbtestbed.cluster.processes import alive, free_ports, signal_group
+from lbtestbed.cluster.processes import Started, free_ports, stop_all
 from lbtestbed.model.spec import Experiment, SpecError, load_spec
 from lbtestbed.transport.cluster_file import LOOPBACK, ClusterFile
 
@@ -176,12 +175,16 @@ def config_dir(cluster_path: Path) -> Path:
 class PrometheusServer:
     """A running Prometheus; ``stop()`` (or leaving the ``with`` block) ends it and leaves no process."""
 
-    def __init__(self, url: str, pid: int, directory: Path, proc: subprocess.Popen[bytes] | None = None):
-        self.url, self.pid, self.directory, self.proc = url, pid, directory, proc
+    def __init__(
+        self, url: str, started: Started, directory: Path, proc: subprocess.Popen[bytes] | None = None
+    ):
+        self.url, self.started, self.directory, self.proc = url, started, directory, proc
+        self.pid = started.pid
 
     def stop(self, grace: float = 5.0) -> bool:
-        """SIGTERM, then SIGKILL after ``grace`` seconds; True when it was still running."""
-        was_running = stop_pid(self.pid, grace)
+        """SIGTERM (it closes its database), then SIGKILL after ``grace`` seconds; True when it was still
+        running."""
+        was_running = stop_all([self.started], grace) > 0
         if self.proc is not None:
             self.proc.wait()  # reap our child
         return was_running
@@ -191,21 +194,6 @@ class PrometheusServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def stop_pid(pid: int, grace: float = 5.0) -> bool:
-    """Stop a Prometheus started by ``start_prometheus`` (here or in another process) by its pid."""
-    if not alive(pid):
-        return False
-    signal_group(pid, signal.SIGTERM)  # Prometheus closes its TSDB cleanly on SIGTERM
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and alive(pid):
-        time.sleep(0.05)
-    if alive(pid):
-        signal_group(pid, signal.SIGKILL)
-        while alive(pid) and time.monotonic() < deadline + 5.0:
-            time.sleep(0.05)
-    return True
 
 
 def ready(url: str) -> bool:
@@ -240,21 +228,22 @@ def start_prometheus(
     for _attempt in range(1 if port else 3):
         listen = port or free_ports(1)[0]
         url = f"http://{LOOPBACK}:{listen}"
+        command = [
+            binary,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={data}",
+            f"--web.listen-address={LOOPBACK}:{listen}",
+            "--storage.tsdb.retention.time=7d",
+        ]
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
-                [
-                    binary,
-                    f"--config.file={config}",
-                    f"--storage.tsdb.path={data}",
-                    f"--web.listen-address={LOOPBACK}:{listen}",
-                    "--storage.tsdb.retention.time=7d",
-                ],
+                command,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # its own process group: stopped by pid, outlives `lbt cluster up`
             )
-        server = PrometheusServer(url, proc.pid, directory, proc)
+        server = PrometheusServer(url, Started.of(proc.pid, command), directory, proc)
         try:
             if _wait_ready(server, log_path, timeout):
                 return server

@@ -22,7 +22,7 @@ from typing import Any
 
 import aiohttp
 
-from lbtestbed.cluster.launcher import spawn
+from lbtestbed.cluster.launcher import spawn, started
 from lbtestbed.model.spec import MESSAGE_FAULTS, Experiment, Fault
 from lbtestbed.transport import wire
 from lbtestbed.transport.cluster_file import ClusterError, ClusterFile, Endpoint
@@ -137,9 +137,9 @@ class Injector:
 
     def signal_group(self, kind: str, e: Endpoint, action: str) -> str:
         if kind == "pause":
-            return _kill(e.pid, signal.SIGSTOP if action == "start" else signal.SIGCONT)
+            return _kill(e, signal.SIGSTOP if action == "start" else signal.SIGCONT)
         if action == "start":
-            problem = _kill(e.pid, signal.SIGKILL)
+            problem = _kill(e, signal.SIGKILL)
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(e.pid, 0)  # our child: reap it now
             return problem
@@ -176,17 +176,14 @@ class Injector:
         for fault in self.exp.faults:
             e = target_of(self.f, fault)
             if fault.kind == "pause" and e is not None:
-                _kill(e.pid, signal.SIGCONT)
+                _kill(e, signal.SIGCONT)
 
     def to_json(self) -> list[dict[str, Any]]:
         return [asdict(a) for a in self.log]
 
 
-def _kill(pid: int, sig: int) -> str:
-    try:
-        os.killpg(pid, sig)  # each process leads its own session and group
-    except ProcessLookupError:
-        return f"process {pid} is gone"
-    except PermissionError as e:
-        return f"process {pid}: {e}"
+def _kill(e: Endpoint, sig: int) -> str:
+    """Signal the process of ``e`` (and its group) if it is still the one the cluster file records."""
+    if not started(e).signal(sig):
+        return f"process {e.pid} is gone"
     return ""

@@ -32,6 +32,10 @@ class Endpoint:
     nodes: list[int] = field(default_factory=list)  # node ids served (node hosts)
     pid: int = 0
     log: str = ""
+    # what identifies the process under ``pid`` (cluster.processes.Started): its start time and the command
+    # line it was started with; a process with another start time or command line is not this one
+    started: float = 0.0
+    cmdline: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -44,6 +48,8 @@ class ClusterFile:
     max_tasks: int = 100_000
     prometheus_url: str = ""  # a Prometheus started with the cluster (lbt cluster up --with-prometheus)
     prometheus_pid: int = 0
+    prometheus_started: float = 0.0
+    prometheus_cmdline: list[str] = field(default_factory=list)
     netns: dict[str, Any] = field(default_factory=dict)  # lbtestbed.cluster.netns.Layout of a --netns cluster
 
     def node_urls(self) -> list[str]:
@@ -77,6 +83,8 @@ class ClusterFile:
                 max_tasks=data.get("max_tasks", 100_000),
                 prometheus_url=data.get("prometheus_url", ""),
                 prometheus_pid=data.get("prometheus_pid", 0),
+                prometheus_started=data.get("prometheus_started", 0.0),
+                prometheus_cmdline=data.get("prometheus_cmdline", []),
                 netns=data.get("netns") or {},
             )
         except FileNotFoundError:
