@@ -14,6 +14,7 @@ Each test reproduces one way the cluster broke before and checks that it no long
 - a spec that asks for more than a process can hold is refused when it is read;
 - ``lbt cluster up`` and ``down`` hold a lock, signal only the processes they started (never a reused pid)
   and leave nothing running when ``up`` is interrupted;
+- a restarted dispatcher still lists the node transitions its predecessor saw;
 
 Real processes on 127.0.0.1 throughout; every cluster is stopped by its context manager.
 """
@@ -24,6 +25,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import resource
 import signal
 import socket
@@ -614,3 +616,34 @@ def test_an_interrupted_up_leaves_nothing_running(tmp_path: Path) -> None:
             up.kill()
         if path.exists():
             Cluster(path).down()
+
+
+# ==================================================================== 7. a restarted dispatcher's memory
+
+
+def logged_transitions(log: Path) -> list[tuple[int, str]]:
+    """(node process, down or up) of every transition a dispatcher's log records, in order."""
+    found = re.findall(r"node process (\d+) \(\S+\) (down|up): ", log.read_text(errors="replace"))
+    return [(int(p), to) for p, to in found]
+
+
+def test_a_restarted_dispatcher_still_lists_the_transitions_its_predecessor_saw(tmp_path: Path) -> None:
+    """Node process 1 is killed and started again (the dispatcher marks it down, then up), then the
+    dispatcher itself is killed and started again. Its ``GET /v1/health``, which ``lbt run`` reads into
+    the report, lists every transition its log records, the predecessor's included, in the same order."""
+    spec = write_spec(tmp_path, fcfs_spec('name = "jsq"', count=4) + HEALTH)
+    path = tmp_path / "cluster.json"
+    with Cluster(path) as cluster:
+        f = cluster.up(load_spec(spec), node_processes=2)
+        disp, victim = f.dispatchers[0], f.node_hosts[1]
+        os.killpg(victim.pid, signal.SIGKILL)
+        wait_until(lambda: health(disp.url)["nodes_down"] == victim.nodes, what="the kill to be noticed")
+        spawn(path, f, victim)
+        wait_until(lambda: health(disp.url)["nodes_down"] == [], timeout=15, what="the node process back")
+        os.killpg(disp.pid, signal.SIGKILL)
+        spawn(path, f, disp)
+        wait_until(lambda: healthy(disp.url), timeout=15, what="the restarted dispatcher")
+        events = health(disp.url)["events"]
+        assert [(e["process"], e["to"]) for e in events] == logged_transitions(Path(disp.log))
+        assert [(e["process"], e["to"]) for e in events] == [(1, "down"), (1, "up")], events
+        assert len({e["dispatcher_started"] for e in events}) == 1  # both seen by the first dispatcher

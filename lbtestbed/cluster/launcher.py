@@ -27,7 +27,14 @@ from typing import Any
 from lbtestbed.cluster import netns as ns
 from lbtestbed.cluster.processes import DeferredSignals, Started, free_ports, locked, stop_all
 from lbtestbed.model.spec import Experiment
-from lbtestbed.transport.cluster_file import DEFAULT_FILE, LOOPBACK, ClusterError, ClusterFile, Endpoint
+from lbtestbed.transport.cluster_file import (
+    DEFAULT_FILE,
+    LOOPBACK,
+    ClusterError,
+    ClusterFile,
+    Endpoint,
+    journal_of,
+)
 from lbtestbed.transport.wire import PREFIX
 
 
@@ -198,6 +205,10 @@ class Cluster:
             )
             for j, g in enumerate(groups)
         ]
+        for e in disp:  # a new cluster starts a new history of node transitions
+            journal = journal_of(e)
+            if journal is not None:
+                journal.unlink(missing_ok=True)
         self.exp = exp
         self.file = ClusterFile(
             str(Path(exp.source).resolve()),

@@ -2,13 +2,20 @@
 
 from lbtestbed.dispatcher.app import build_app
 from lbtestbed.dispatcher.host import DispatcherHost
+from lbtestbed.transport.cluster_file import journal_of
 from lbtestbed.transport.process import Budget, ConnectionGuard, process_args, raise_fd_limit, serve
 
 cluster, index, listen = process_args("dispatcher")
 me = cluster.dispatchers[index]
 budget = Budget.of("dispatcher", raise_fd_limit())
 host = DispatcherHost(
-    cluster.experiment(), index, len(cluster.dispatchers), cluster.node_urls(), cluster.token, me.url
+    cluster.experiment(),
+    index,
+    len(cluster.dispatchers),
+    cluster.node_urls(),
+    cluster.token,
+    me.url,
+    journal_of(me),  # so that a restarted dispatcher still lists what its predecessor saw
 )
 host.max_in_flight = budget.in_flight
 host.guard = ConnectionGuard(budget.connections)

@@ -23,10 +23,12 @@ Answers overdue to a message of ours (SLTA's epochs) are asked again after ``hea
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections import Counter, deque
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
@@ -134,8 +136,11 @@ class NodeProcess:
 class Health:
     """Heartbeats and transitions of every node process behind one dispatcher."""
 
-    def __init__(self, host: Owner) -> None:
+    def __init__(self, host: Owner, journal: Path | None = None) -> None:
         self.host = host
+        # every transition is also appended here (JSON lines), and read back when the dispatcher starts
+        self.journal = journal
+        self.started_unix = time.time()
         exp = host.exp
         self.interval, self.timeout = exp.health.heartbeat, exp.health.timeout
         #: nodes that may be down by judgment at once (timeouts, outliers)
@@ -160,6 +165,7 @@ class Health:
         self.ready = asyncio.Event()
         self.started = time.monotonic()
         self.events: deque[dict[str, Any]] = deque(maxlen=EVENTS_KEPT)
+        self._read_journal()
         self.transitions: Counter[str] = Counter({"down": 0, "up": 0})
         self.heartbeats: Counter[str] = Counter({"ok": 0, "failed": 0, "local": 0, "stalled": 0})
         self.spared = 0  # timeouts not acted on: they would have ejected more than max_ejection
@@ -306,17 +312,35 @@ class Health:
     def _event(self, p: NodeProcess, to: str, reason: str, fresh: bool) -> None:
         self.transitions[to] += 1
         log.warning("node process %d (%s) %s: %s", p.index, p.url, to, reason)
-        self.events.append(
-            {
-                "unix_time": time.time(),
-                "process": p.index,
-                "url": p.url,
-                "nodes": [p.nodes[0], p.nodes[-1]],
-                "to": to,
-                "reason": reason,
-                "fresh": fresh,
-            }
-        )
+        event = {
+            "unix_time": time.time(),
+            "process": p.index,
+            "url": p.url,
+            "nodes": [p.nodes[0], p.nodes[-1]],
+            "to": to,
+            "reason": reason,
+            "fresh": fresh,
+            "dispatcher_started": self.started_unix,
+        }
+        self.events.append(event)
+        if self.journal is not None:
+            try:
+                with open(self.journal, "a") as f:
+                    f.write(json.dumps(event) + "\n")
+            except OSError as e:  # the events stay in memory: only a restart would lose them
+                log.warning("cannot write %s: %s", self.journal, e)
+
+    def _read_journal(self) -> None:
+        """The transitions this dispatcher's earlier lives saw (a restart must not erase them)."""
+        if self.journal is None or not self.journal.exists():
+            return
+        for line in self.journal.read_text(errors="replace").splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue  # a line cut short when the process was killed mid-write
+            if isinstance(event, dict):
+                self.events.append(event)
 
     # ----------------------------------------------------------------------------------- answers
 

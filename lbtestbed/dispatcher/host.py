@@ -15,6 +15,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -81,6 +82,7 @@ class DispatcherHost:
         node_urls: Sequence[str],
         token: str,
         url: str | None = None,
+        journal: Path | None = None,
     ) -> None:
         if len(node_urls) != exp.n:
             raise ValueError(f"the spec has {exp.n} nodes but {len(node_urls)} node endpoints were given")
@@ -158,7 +160,7 @@ class DispatcherHost:
         self.leg = {name: self.legs.labels(name) for name in ("decide", "to_node", "node_reply", "from_node")}
         self.ages = wire.MessageAges("dispatcher", self.registry, self.scale)
         self.faults = MessageFaults(exp, index)
-        self.health = Health(self)
+        self.health = Health(self, journal)  # journal: its node transitions, kept across restarts
         self.registry.register(_DispatcherCollector(self))
 
     async def start(self) -> None:

@@ -38,6 +38,11 @@ class Endpoint:
     cmdline: list[str] = field(default_factory=list)
 
 
+def journal_of(e: Endpoint) -> Path | None:
+    """Where dispatcher ``e`` keeps its node transitions across restarts: beside its log (none without)."""
+    return Path(e.log).with_suffix(".events.jsonl") if e.log else None
+
+
 @dataclass
 class ClusterFile:
     spec: str
