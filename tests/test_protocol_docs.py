@@ -490,6 +490,24 @@ async def test_live_answers_follow_the_documents(doc: dict[str, Any]) -> None:
             assert (status, reply["field"]) == (400, "fault")  # a kill is not switched in the process
             assert (await call(faulty, "POST", switch, body=on))[0] == 401
             assert (await call(faulty, "POST", switch, token=TOKEN, raw=big))[0] == 413
+            # the run's clock and a failing node (docs/faults.md, Gray failures): node 1 fails every task
+            # over the run's model times [0, 1e6)
+            data["faults"] = [{"kind": "fail", "at": 0.0, "until": 1e6, "node": 1, "fraction": 1.0}]
+            data["run"] = {**data["run"], "duration": 2e6}
+            gray_host = NodeHost(parse_spec(data), [0, 1], [NOWHERE], TOKEN)
+            server, gray = await serve(build_node_app(gray_host))
+            servers.append(server)
+            status, reply = await call(gray, "POST", "/v1/origin", token=TOKEN, body={"origin": time.time()})
+            assert (status, reply) == (200, {"ok": True, "speed_changes": 0})
+            status, reply = await call(gray, "POST", "/v1/origin", token=TOKEN, body={"origin": -1})
+            assert (status, reply["field"]) == (400, "origin")
+            assert (await call(gray, "POST", "/v1/origin", body={"origin": 1.0}))[0] == 401
+            assert (await call(gray, "POST", "/v1/origin", token=TOKEN, raw=big))[0] == 413
+            status, reply = await call(
+                gray, "POST", node_tasks, "/v1/nodes/1/tasks", token=TOKEN, body={"work": 0.5}
+            )
+            assert status == 500 and "failed the task" in reply["error"], reply
+            assert gray_host.failed[1] == 1 and gray_host.models[1].arrivals == 0
             # the dispatchers' health check of a node host: incarnation and every node's report
             status, reply = await call(nodes, "GET", "/v1/state", token=TOKEN)
             assert status == 200 and set(reply["reports"]) == {"0", "1"}

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 
+from lbtestbed.dispatcher.outliers import OutlierDetector
 from lbtestbed.model.spec import Experiment
 from lbtestbed.policies import DispatcherSide, Message
 from lbtestbed.transport import wire
@@ -169,6 +170,8 @@ class Health:
         self.transitions: Counter[str] = Counter({"down": 0, "up": 0})
         self.heartbeats: Counter[str] = Counter({"ok": 0, "failed": 0, "local": 0, "stalled": 0})
         self.spared = 0  # timeouts not acted on: they would have ejected more than max_ejection
+        self.outliers = OutlierDetector(exp.node_speeds, exp.health)
+        self.ejections = 0  # outliers ejected
         # from 0 for what the policy may resend (SLTA's epochs), so that the first resend is an increase
         self.resent: Counter[str] = Counter({"epoch": 0} if exp.policy.name == "slta" else {})
         self.ignored: Counter[str] = Counter()  # messages from nodes that were down
@@ -178,6 +181,7 @@ class Health:
         self.tasks = [asyncio.ensure_future(self._watch(p)) for p in self.processes]
         self.tasks.append(asyncio.ensure_future(self._resend_overdue()))
         self.tasks.append(asyncio.ensure_future(self.watch.run()))
+        self.tasks.append(asyncio.ensure_future(self._watch_outliers()))
 
     def stop(self) -> None:
         for t in self.tasks:
@@ -254,9 +258,13 @@ class Health:
             for k in p.nodes:
                 if fresh:
                     self.generation[k] += 1
+                    self.outliers.back(k)  # a restarted process serves new nodes: their ejection ends
+                if k in self.outliers.until:
+                    continue  # ejected as an outlier: taken back when its time is up
                 host.send(policy.on_node_up(k, reports[k], fresh))
-                self.node_up[k] = True
-            self.up_count += len(p.nodes) if not p.up else 0
+                if not self.node_up[k]:
+                    self.node_up[k] = True
+                    self.up_count += 1
             if p.contacted or not p.up:
                 self._event(p, "up", "restarted" if fresh and p.contacted else "answers again", fresh)
             p.up, p.judged, p.contacted, p.incarnation = True, False, True, incarnation
@@ -284,8 +292,10 @@ class Health:
         self.down(p, reason, kind == "timeout")
 
     def judged_down(self) -> int:
-        """Nodes down by judgment now (timeouts)."""
-        return sum(len(p.nodes) for p in self.processes if not p.up and p.judged)
+        """Nodes down by judgment now: of processes that timed out, and outliers of processes that are up."""
+        timed_out = sum(len(p.nodes) for p in self.processes if not p.up and p.judged)
+        outliers = sum(1 for k in self.outliers.until if self.processes[self.process_of[k]].up)
+        return timed_out + outliers
 
     def down(self, p: NodeProcess, reason: str, judged: bool = False) -> None:
         """Mark ``p`` down. A judgment (``judged``: a timeout) is not applied when it would leave more than
@@ -303,20 +313,82 @@ class Health:
         p.up, p.judged = False, judged
         p.reports.clear()
         for k in p.nodes:
-            self.node_up[k] = False
-            self.host.policy.on_node_down(k)
-        self.up_count -= len(p.nodes)
+            if self.node_up[k]:  # an outlier ejected before is down already
+                self.node_up[k] = False
+                self.host.policy.on_node_down(k)
+                self.up_count -= 1
         self.host.track_r()
         self._event(p, "down", reason, False)
 
-    def _event(self, p: NodeProcess, to: str, reason: str, fresh: bool) -> None:
+    # ----------------------------------------------------------------------------- outliers
+
+    def task_served(self, node: int, work: float, stay: float, waited: bool) -> None:
+        """A task completed at ``node`` (``stay``: model seconds there), for outlier detection."""
+        self.outliers.success(node, work, stay, waited)
+
+    def task_failed(self, node: int, reason: str) -> None:
+        """``node`` answered a task with an error: enough of them in a row eject it."""
+        if self.outliers.failure(node):
+            self.eject(node, f"{self.host.exp.health.consecutive_failures} tasks failed in a row: {reason}")
+
+    def eject(self, node: int, reason: str) -> None:
+        """Route nothing to ``node`` (it answers, but badly) for its ejection time, within the bound on
+        judgments (``health.max_ejection``)."""
+        p = self.processes[self.process_of[node]]
+        if not self.node_up[node] or not p.up:
+            return
+        if self.judged_down() + 1 > self.max_judged:
+            self.spared += 1
+            log.warning(
+                "node %d not ejected (%s): more than %g of the nodes would be", node, reason, self.max_judged
+            )
+            return
+        until = self.outliers.eject(node, time.monotonic())
+        self.node_up[node] = False
+        self.host.policy.on_node_down(node)
+        self.up_count -= 1
+        self.ejections += 1
+        self.host.track_r()
+        wait = until - time.monotonic()
+        self._event(p, "down", f"ejected as an outlier for {wait:.3g} s: {reason}", False, [node, node])
+
+    def _take_back(self, node: int) -> None:
+        """An ejected node whose time is up routes again, from its process's latest report."""
+        p = self.processes[self.process_of[node]]
+        if not p.up:
+            self.outliers.back(node)  # it comes back with its process
+            return
+        if not p.reports:
+            return  # not yet a report since its process came back: at the next interval
+        self.outliers.back(node)
+        report = p.reports[-1][1][node]
+        self.host.send(self.host.policy.on_node_up(node, report, False))
+        self.node_up[node] = True
+        self.up_count += 1
+        self.host.track_r()
+        self._event(p, "up", "ejection over", False, [node, node])
+
+    async def _watch_outliers(self) -> None:
+        interval = self.host.exp.health.outlier_interval
+        while True:
+            await asyncio.sleep(interval)
+            if self.host.exp.health.slow_share > 0:
+                for k, why in self.outliers.slow():
+                    self.eject(k, why)
+            for k in self.outliers.due(time.monotonic()):
+                self._take_back(k)
+
+    def _event(
+        self, p: NodeProcess, to: str, reason: str, fresh: bool, nodes: list[int] | None = None
+    ) -> None:
+        """A transition of process ``p`` (``nodes``: first and last node; one node for an outlier)."""
         self.transitions[to] += 1
         log.warning("node process %d (%s) %s: %s", p.index, p.url, to, reason)
         event = {
             "unix_time": time.time(),
             "process": p.index,
             "url": p.url,
-            "nodes": [p.nodes[0], p.nodes[-1]],
+            "nodes": nodes or [p.nodes[0], p.nodes[-1]],
             "to": to,
             "reason": reason,
             "fresh": fresh,

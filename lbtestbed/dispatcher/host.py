@@ -303,16 +303,24 @@ class DispatcherHost:
             self._release(route, generation)
             raise
         answered = time.monotonic()
-        self._settle(route, generation, status, reply, answered)
+        self._settle(route, generation, status, reply, answered, work)
         return status, reply, forwarded, answered
 
     def _settle(
-        self, route: Route, generation: int, status: int, reply: dict[str, Any], answered: float
+        self, route: Route, generation: int, status: int, reply: dict[str, Any], answered: float, work: float
     ) -> None:
         """The task's reply, read at ``answered``, reaches the policy at once: the decisions that follow
-        see its messages, as the twin's do (docs/run.md, "The twin"), and never a loop turn later."""
+        see its messages, as the twin's do (docs/run.md, "The twin"), and never a loop turn later. Its
+        outcome and its stay at the node feed outlier detection (docs/faults.md, "Gray failures")."""
         if status == 200:
             self._apply_riders(reply.pop("messages", None), answered)
+            try:
+                stay = float(reply["completed"]) - float(reply["arrived"])
+            except (KeyError, TypeError, ValueError):  # a node that does not say (an older version)
+                stay = -1.0
+            self.health.task_served(route.node, work, stay, reply.get("waited") is True)
+        elif status not in (0, 503, LOCAL_FAILURE):  # it answered, with an error
+            self.health.task_failed(route.node, str(reply.get("error", status)))
         if self._release(route, generation) and status != 200:
             self.policy.on_task_failed(route.node)
         if status == 0:
@@ -570,6 +578,12 @@ def _health_metrics(h: DispatcherHost) -> Iterator[Metric]:
     for reason in OWN_REFUSALS:
         refusals.add_metric([reason], h.own_refusals[reason])
     yield refusals
+    ejections = CounterMetricFamily(
+        "lbtestbed_dispatcher_ejections",
+        "Nodes ejected as outliers: they answered, but failed tasks in a row or served too slowly",
+    )
+    ejections.add_metric([], health.ejections)
+    yield ejections
     spared = CounterMetricFamily(
         "lbtestbed_dispatcher_ejections_spared",
         "Timeouts not acted on because they would have left more than health.max_ejection of the nodes "

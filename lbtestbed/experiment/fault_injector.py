@@ -23,7 +23,7 @@ from typing import Any
 import aiohttp
 
 from lbtestbed.cluster.launcher import spawn, started
-from lbtestbed.model.spec import MESSAGE_FAULTS, Experiment, Fault
+from lbtestbed.model.spec import GRAY_FAULTS, MESSAGE_FAULTS, Experiment, Fault
 from lbtestbed.transport import wire
 from lbtestbed.transport.cluster_file import ClusterError, ClusterFile, Endpoint
 from lbtestbed.transport.signing import SIGNATURE, Signer
@@ -43,7 +43,8 @@ class FaultAction:
 
 
 def target_of(f: ClusterFile, fault: Fault) -> Endpoint | None:
-    """The process a process fault acts on (None for message faults)."""
+    """The process a process fault acts on (None for message faults and gray failures: those act from
+    the node host's own schedule, ``NodeHost.set_origin``)."""
     if fault.kind in ("kill", "pause"):
         for e in f.node_hosts:
             if fault.node in e.nodes:
@@ -61,6 +62,10 @@ def target_of(f: ClusterFile, fault: Fault) -> Endpoint | None:
 
 def describe(f: ClusterFile, fault: Fault) -> str:
     e = target_of(f, fault)
+    if fault.kind == "slow":
+        return f"slow node {fault.node} to {fault.speed:g} of its speed"
+    if fault.kind == "fail":
+        return f"node {fault.node} fails {fault.fraction:g} of its tasks"
     if e is None:
         return f"{fault.kind} {fault.fraction:g} of {', '.join(fault.messages)}"
     if e.role == "nodes":
@@ -108,6 +113,22 @@ class Injector:
     def now(self) -> float:
         return (time.monotonic() - self.origin) / self.scale
 
+    async def set_origin(self, session: aiohttp.ClientSession, origin_unix: float) -> None:
+        """Tell every node host the run's model time 0 (a Unix time), on which it applies the spec's gray
+        failures (``model.conditions``): timed speed changes and fail faults. With kill faults the cluster
+        file keeps it too, for the node hosts started again during the run. ClusterError if one could not
+        be told."""
+        self.f.origin = origin_unix
+        if any(fault.kind == "kill" for fault in self.exp.faults):
+            self.f.save(self.path)
+        body = json.dumps({"origin": origin_unix}).encode()
+        hosts = self.f.node_hosts
+        problems = [
+            p for p in await asyncio.gather(*(self.post(session, e.url, body, "/origin") for e in hosts)) if p
+        ]
+        if problems:
+            raise ClusterError(f"the run's clock could not be set: {'; '.join(problems)}")
+
     async def run(self, session: aiohttp.ClientSession) -> None:
         steps = sorted(
             [(fault.at, i, "start") for i, fault in enumerate(self.exp.faults)]
@@ -127,9 +148,11 @@ class Injector:
         error = ""
         if fault.kind in MESSAGE_FAULTS:
             error = await self._switch(session, i, action == "start")
+        elif fault.kind in GRAY_FAULTS:
+            pass  # the node host applies it on the run's clock (set_origin): here it is only logged
         elif e is not None:
             error = self.signal_group(fault.kind, e, action)
-        nodes = list(e.nodes) if e is not None else []
+        nodes = list(e.nodes) if e is not None else [fault.node] if fault.kind in GRAY_FAULTS else []
         entry = FaultAction(i, fault.kind, action, target, at, error, nodes)
         self.log.append(entry)
         note = f" ({error})" if error else ""

@@ -35,7 +35,7 @@ from lbtestbed.cluster.launcher import Cluster
 from lbtestbed.dispatcher.host import DISPATCHER_STREAM
 from lbtestbed.experiment.fault_injector import Injector, check
 from lbtestbed.loadgen.openloop import LoadReport, drive, poisson_tasks, write_trace
-from lbtestbed.model.spec import Experiment, SpecError
+from lbtestbed.model.spec import GRAY_FAULTS, Experiment, SpecError
 from lbtestbed.model.workload import DispatcherSplit
 from lbtestbed.transport.cluster_file import ClusterError, ClusterFile
 
@@ -210,6 +210,8 @@ async def measure(
             )
         )
         injector = Injector(exp, f, cluster_path or Path("cluster.json"), origin, say)
+        if any(fault.kind in GRAY_FAULTS for fault in exp.faults):
+            await injector.set_origin(session, origin_unix)  # within the lead-in, before the first task
         injecting = asyncio.ensure_future(injector.run(session)) if faulty else None
         sampler = None
         if exp.policy.name == "slta":

@@ -164,10 +164,12 @@ class NetworkSpec:
     forward_tasks: bool = False  # whether task forwarding is delayed too
 
 
-FAULT_KINDS = ("kill", "pause", "drop", "duplicate", "delay", "restart_dispatcher")
+FAULT_KINDS = ("kill", "pause", "drop", "duplicate", "delay", "restart_dispatcher", "slow", "fail")
 #: faults on the node processes (the target is the process serving ``node``) and on state messages
 PROCESS_FAULTS = ("kill", "pause")
 MESSAGE_FAULTS = ("drop", "duplicate", "delay")
+#: gray failures of one node: it answers, but serves at a fraction of its speed, or fails some of its tasks
+GRAY_FAULTS = ("slow", "fail")
 
 
 @dataclass(frozen=True)
@@ -183,6 +185,7 @@ class Fault:
     messages: tuple[str, ...] = ()  # drop, duplicate, delay: the kinds hit
     delay: SizeDistribution | None = None  # delay: the extra one-way delay, model seconds
     settle: float = 0.0  # model seconds after ``until`` that the comparison leaves out with the fault
+    speed: float = 1.0  # slow: the node's speed during the fault, as a multiple of its own
 
 
 @dataclass(frozen=True)
@@ -193,6 +196,14 @@ class HealthSpec:
     timeout: float = 1.0  # a check unanswered this long marks the process down; also the resend age
     # the largest share of the nodes a dispatcher ejects by judgment (timeouts, outliers) at once
     max_ejection: float = 0.5
+    # outlier detection (gray failures, dispatcher.outliers): failures in a row that eject a node, the
+    # interval over which its service speed is judged, the tasks it needs in an interval, the share of its
+    # speed below which it is slow, and the wall seconds of a first ejection
+    consecutive_failures: int = 5
+    outlier_interval: float = 1.0
+    outlier_min_tasks: int = 5
+    slow_share: float = 0.5
+    ejection_time: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -243,6 +254,7 @@ _STREAMS = {
     "split": 7,  # which dispatcher each arrival reaches (policy.split = "random")
     "dispatchers": 8,  # the simulator's dispatchers 1..K-1 (dispatcher 0 draws from "policy")
     "node_side": 9,  # node k's own draws (which dispatcher hears of it): one stream per node, see below
+    "faults": 10,  # which tasks a failing node fails (fail faults): the simulator's, and each node host's
 }
 
 
@@ -602,11 +614,36 @@ def parse_spec(data: Mapping[str, Any], source: str = "<spec>") -> Experiment:
     health = HealthSpec()
     if top.has("health"):
         h = top.sub("health")
-        h.check_keys(("heartbeat", "timeout", "max_ejection"))
+        h.check_keys(
+            (
+                "heartbeat",
+                "timeout",
+                "max_ejection",
+                "consecutive_failures",
+                "outlier_interval",
+                "outlier_min_tasks",
+                "slow_share",
+                "ejection_time",
+            )
+        )
         max_ejection = h.number("max_ejection", 0.5, positive=False)
         if max_ejection > 1:
             raise h.fail("max_ejection", f"must lie in [0, 1], got {max_ejection:g}")
-        health = HealthSpec(h.number("heartbeat", 0.2), h.number("timeout", 1.0), max_ejection)
+        slow_share = h.number("slow_share", 0.5, positive=False)
+        if slow_share >= 1:
+            raise h.fail(
+                "slow_share", f"must lie in [0, 1) (0: no ejection for slowness), got {slow_share:g}"
+            )
+        health = HealthSpec(
+            h.number("heartbeat", 0.2),
+            h.number("timeout", 1.0),
+            max_ejection,
+            h.integer("consecutive_failures", default=5, minimum=1),
+            h.number("outlier_interval", 1.0),
+            h.integer("outlier_min_tasks", default=5, minimum=1),
+            slow_share,
+            h.number("ejection_time", 5.0),
+        )
     faults = _parse_faults(top, policy, n, run)
 
     exp = Experiment(name, seed, tuple(classes), workload, policy, run, network, source, data, faults, health)
@@ -676,7 +713,7 @@ def _parse_faults(top: _Reader, spec: PolicySpec, n: int, run: RunSpec) -> tuple
     policy = spec.name
     one_way = tuple(k for k in message_kinds(spec) if k not in ("probe", "probe_reply"))
     end = run.warmup + run.duration
-    faults = []
+    faults: list[Fault] = []
     for i, v in enumerate(raw):
         if not isinstance(v, Mapping):
             raise top.fail(f"faults[{i}]", "must be a table")
@@ -689,6 +726,8 @@ def _parse_faults(top: _Reader, spec: PolicySpec, n: int, run: RunSpec) -> tuple
             "duplicate": ("fraction", "messages"),
             "delay": ("delay", "messages"),
             "restart_dispatcher": ("dispatcher",),
+            "slow": ("node", "speed"),
+            "fail": ("node", "fraction"),
         }[kind]
         f.check_keys(("kind", "at", "until", "settle", *keys))
         at, until = f.number("at", positive=False), f.number("until")
@@ -704,6 +743,23 @@ def _parse_faults(top: _Reader, spec: PolicySpec, n: int, run: RunSpec) -> tuple
             fault = Fault(kind, at, until, node=f.integer("node", minimum=0, maximum=n - 1))
         elif kind == "restart_dispatcher":
             fault = Fault(kind, at, until, dispatcher=f.integer("dispatcher", default=0, minimum=0))
+        elif kind in GRAY_FAULTS:
+            node = f.integer("node", minimum=0, maximum=n - 1)
+            for j, other in enumerate(faults):
+                if other.kind == kind and other.node == node and at < other.until and other.at < until:
+                    raise f.fail("at", f"overlaps faults[{j}], another {kind} fault of node {node}")
+            if kind == "slow":
+                speed = f.number("speed")
+                if speed >= 1:
+                    raise f.fail(
+                        "speed", f"a slow node serves at a fraction of its speed: in (0, 1), got {speed:g}"
+                    )
+                fault = Fault(kind, at, until, node=node, speed=speed)
+            else:
+                fraction = f.number("fraction")
+                if fraction > 1:
+                    raise f.fail("fraction", f"must lie in (0, 1], got {fraction:g}")
+                fault = Fault(kind, at, until, node=node, fraction=fraction)
         else:
             if not one_way:
                 raise f.fail("kind", f"{policy} sends no state messages to {kind}")

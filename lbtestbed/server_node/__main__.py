@@ -14,5 +14,6 @@ host = NodeHost(
     cluster.max_tasks,
     me.url,
 )
+host.origin = cluster.origin  # a node host restarted during a run takes up the run's clock
 host.guard = ConnectionGuard(Budget.of("server_node", raise_fd_limit()).connections)
 serve(build_app(host), me.url, f"nodes-{index}", listen, host.guard)

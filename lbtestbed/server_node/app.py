@@ -22,6 +22,7 @@ def build_app(host: NodeHost) -> web.Application:
     app.router.add_get(p + "/health", host.get_health)
     app.router.add_get(p + "/state", peers_only(host.get_state))
     app.router.add_post(p + "/faults", peers_only(host.post_faults))
+    app.router.add_post(p + "/origin", peers_only(host.post_origin))
     app.router.add_get(p + "/timings", wire.timings_handler(host.ages))
     app.router.add_get("/metrics", wire.metrics_handler(registry_for(host)))
     return wire.run_with(app, host)

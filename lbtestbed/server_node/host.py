@@ -14,7 +14,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,6 +23,7 @@ import orjson
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Histogram
 
+from lbtestbed.model.conditions import fail_windows, failing, speed_changes
 from lbtestbed.model.distributions import BlockSampler
 from lbtestbed.model.spec import Experiment, message_kinds, seed_sequence, seeded_random
 from lbtestbed.model.workload import Task
@@ -92,6 +93,15 @@ class NodeHost:
         self.incarnation = time.time_ns() // 1000
         self.faults = MessageFaults(exp, 1000 + self.ids[0])
         self.heartbeats = 0  # state reports served
+        # the run's clock (set_origin): its model time 0 as a Unix time, node model time minus run model time,
+        # the timed speed changes still to come per node (node model time, speed), the fail faults
+        self.origin = 0.0
+        self.offset = 0.0
+        self.t0_unix = 0.0
+        self.changes: dict[int, deque[tuple[float, float]]] = {}
+        self.fail_windows = tuple(w for w in fail_windows(exp) if w.node in self.ids)
+        self.fault_rng = seeded_random(exp.seed, "faults", 1 + self.ids[0])
+        self.failed: Counter[int] = Counter()
         self.guard: ConnectionGuard | None = None  # the listener's, set by the process that serves it
         # the collector of metrics.py reads the rest of the state at scrape time; these observe events
         self.registry = CollectorRegistry(auto_describe=False)
@@ -109,11 +119,38 @@ class NodeHost:
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         self.t0 = time.monotonic()
+        self.t0_unix = time.time()  # the same instant on the clock other processes (and machines) share
         for k in self.ids:
             c = self.exp.node_class[k]
             self.models[k] = make_node(
                 self.exp.classes[c].discipline, self.exp.node_speeds[k], self.exp.classes[c].utility, 0.0
             )
+        if self.origin:
+            self.set_origin(self.origin)
+
+    # ------------------------------------------------------------------------------- the run's clock
+
+    def set_origin(self, origin: float) -> int:
+        """The run's model time 0 is the Unix time ``origin``: arm the spec's timed speed changes of this
+        host's nodes (``model.conditions``) at their model times from it, and judge its fail faults on it.
+        Returns how many speed changes are still to come (those already past apply at once)."""
+        self.origin = origin
+        self.offset = (origin - self.t0_unix) / self.scale  # node model time = run model time + offset
+        if not self.models:
+            return 0  # start() arms them
+        now = self.now()
+        for k, model in self.models.items():  # a new run starts from the nodes' own speeds
+            if model.speed != self.exp.node_speeds[k]:
+                self._catch_up(k, max(now, model.last))
+                model.set_speed(max(now, model.last), self.exp.node_speeds[k])
+        self.changes = {}
+        for c in speed_changes(self.exp):
+            if c.node in self.models:
+                at = c.at + self.offset
+                self.changes.setdefault(c.node, deque()).append((at, self.exp.node_speeds[c.node] * c.factor))
+        for k in self.changes:
+            self._catch_up(k, max(self.now(), self.models[k].last))
+        return sum(len(q) for q in self.changes.values())
 
     async def stop(self) -> None:
         for h in self.timers.values():
@@ -126,8 +163,14 @@ class NodeHost:
         """Model time, from the monotonic clock (uvloop's loop clock has only millisecond resolution)."""
         return (time.monotonic() - self.t0) / self.scale
 
-    def _schedule(self, k: int) -> None:
+    def _next_event(self, k: int) -> float:
+        """Model time of node k's next event: a completion, or a timed speed change."""
         t = self.models[k].next_completion()
+        changes = self.changes.get(k)
+        return min(t, changes[0][0]) if changes else t
+
+    def _schedule(self, k: int) -> None:
+        t = self._next_event(k)
         if t == self.scheduled.get(k):
             return
         old = self.timers.pop(k, None)
@@ -146,22 +189,32 @@ class NodeHost:
         if early > EARLY_WAKE:
             self.timers[k] = self.loop.call_later(early, self._fire, k, t)
             return
-        self._complete(k, t)
-        self._schedule(k)
+        self.scheduled.pop(k, None)
+        self._catch_up(k, t)
 
     def _catch_up(self, k: int, now: float) -> None:
-        """Complete every task of node k that is due by ``now`` but whose timer has not fired yet.
+        """Complete every task of node k that is due by ``now`` but whose timer has not fired yet, and apply
+        the speed changes due by then, in model-time order.
 
         Called before an arrival, a probe or a scrape at node k, so that events apply in model-time order:
         a timer that fires late must not let a later arrival overtake the completion it stands for.
         """
         model = self.models[k]
-        while model.next_completion() <= now:
+        changes = self.changes.get(k)
+        while True:
             t = model.next_completion()
+            change = changes[0][0] if changes else INF
+            if min(t, change) > now:
+                break
             handle = self.timers.pop(k, None)
             if handle is not None:
                 handle.cancel()
-            self._complete(k, t)
+            if change <= t:
+                assert changes is not None
+                _, speed = changes.popleft()
+                model.set_speed(max(change, model.last), speed)
+            else:
+                self._complete(k, t)
         self._schedule(k)
 
     def _complete(self, k: int, t: float) -> None:
@@ -252,6 +305,11 @@ class NodeHost:
         assert self.loop is not None
         t = max(self.now(), model.last)
         self._catch_up(k, t)  # departures due by now come first, so they may free a place
+        if self.fail_windows and self.origin:
+            fraction = failing(self.fail_windows, k, t - self.offset)
+            if fraction and self.fault_rng.random() < fraction:
+                self.failed[k] += 1
+                return wire.error(500, f"node {k} failed the task (a fail fault)")
         if model.x >= self.max_tasks:
             self.refused[k] += 1
             return wire.error(503, f"node {k} holds its limit of {self.max_tasks} tasks")
@@ -342,6 +400,15 @@ class NodeHost:
 
     async def post_faults(self, request: web.Request) -> web.Response:
         return await self.faults.handle(request)
+
+    async def post_origin(self, request: web.Request) -> web.Response:
+        """``POST /v1/origin {"origin": unix seconds}``: the run's model time 0 (``set_origin``)."""
+        try:
+            body = await wire.read_json(request)
+            origin = wire.number(body, "origin", positive=True)
+        except wire.BadRequest as e:
+            return wire.error(e.status, str(e), e.field)
+        return web.json_response({"ok": True, "speed_changes": self.set_origin(origin)})
 
     def snapshot(self) -> dict[str, Any]:
         """Exact integrals of every node up to now (advancing them is harmless: it is exact integration)."""

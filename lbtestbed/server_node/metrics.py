@@ -49,6 +49,11 @@ class NodeCollector(Collector):
         refused = CounterMetricFamily(
             "lbtestbed_node_refused", "Tasks refused at the task limit (503)", labels=["node", "class"]
         )
+        failed = CounterMetricFamily(
+            "lbtestbed_node_failed",
+            "Tasks the node failed (500, not admitted): an injected fail fault",
+            labels=["node", "class"],
+        )
         tasks = GaugeMetricFamily("lbtestbed_node_tasks", "Tasks present now", labels=["node", "class"])
         speed = GaugeMetricFamily(
             "lbtestbed_node_speed", "Work units served per model second", labels=["node", "class"]
@@ -62,9 +67,10 @@ class NodeCollector(Collector):
             arrivals.add_metric(labels, m.arrivals)
             completions.add_metric(labels, m.completions)
             refused.add_metric(labels, host.refused[k])
+            failed.add_metric(labels, host.failed[k])
             tasks.add_metric(labels, m.x)
             speed.add_metric(labels, m.speed)
-        yield from (occupancy, task_s, util_s, arrivals, completions, refused, tasks, speed)
+        yield from (occupancy, task_s, util_s, arrivals, completions, refused, failed, tasks, speed)
         clock = CounterMetricFamily("lbtestbed_node_model_seconds", "Model time since the process started")
         clock.add_metric([], snap["time"])
         yield clock

@@ -2,8 +2,12 @@
 
 A model never reads a clock: every call carries ``now`` in model seconds. The simulator passes virtual time,
 the server node passes wall time divided by ``time_scale``. A driver asks ``next_completion()`` for the
-time of the next departure and calls ``complete(now)`` then; it must ask again after every completion and
-after every arrival that does not wait.
+time of the next departure and calls ``complete(now)`` then; it must ask again after every completion,
+after every arrival that does not wait, and after every ``set_speed``.
+
+``set_speed(now, speed)`` changes the node's speed from ``now`` on, exactly: the work a task in service
+has received by ``now`` stays received, and what remains is served at the new speed (docs/faults.md,
+"Timed speed changes"). Both drivers apply the spec's timed speed changes (``model.conditions``) through it.
 
 Every model keeps the exact time integrals of docs/design.md, principle 5: seconds spent with exactly k tasks,
 task-seconds and utility-seconds, advanced at every change of occupancy.
@@ -79,6 +83,10 @@ class NodeModel:
         """Remove and return the task that completes at ``now``."""
         raise NotImplementedError
 
+    def set_speed(self, now: float, speed: float) -> None:
+        """Serve at ``speed`` (> 0) from ``now`` on; the driver must ask ``next_completion()`` again."""
+        raise NotImplementedError
+
 
 class PoolNode(NodeModel):
     """Infinite-server pool: every task is in service at once, for its own work / speed."""
@@ -107,6 +115,14 @@ class PoolNode(NodeModel):
         self.x -= 1
         self.completions += 1
         return heapq.heappop(self._heap)[2]
+
+    def set_speed(self, now: float, speed: float) -> None:
+        # a task due at f has (f - now) * old speed of work left: it is now due (f - now) * old / new later;
+        # the map is increasing, so the heap's order (and its invariant) stays as it was
+        self.advance(now)
+        ratio = self.speed / speed
+        self._heap = [(now + (f - now) * ratio, seq, task) for f, seq, task in self._heap]
+        self.speed = speed
 
 
 class PSNode(NodeModel):
@@ -155,6 +171,13 @@ class PSNode(NodeModel):
             self._v = 0.0  # restart virtual time on an idle node to keep it small
         return task
 
+    def set_speed(self, now: float, speed: float) -> None:
+        # virtual time is the work each task has received: bring it to now at the old speed, then it grows
+        # at the new one (next_completion reads the speed)
+        self.advance(now)
+        self.last = now
+        self.speed = speed
+
 
 class FCFSNode(NodeModel):
     """A single server at rate ``speed`` with a FIFO queue."""
@@ -202,6 +225,14 @@ class FCFSNode(NodeModel):
         task = self._queue.popleft()
         self._finish = now + self._queue[0].work / self.speed if self._queue else INF
         return task
+
+    def set_speed(self, now: float, speed: float) -> None:
+        # the task in service has (finish - now) * old speed of work left; the ones waiting start later at
+        # the new speed (complete reads it)
+        self.advance(now)
+        if self._finish < INF:
+            self._finish = now + (self._finish - now) * self.speed / speed
+        self.speed = speed
 
 
 MODELS: dict[str, type[NodeModel]] = {"pool": PoolNode, "ps": PSNode, "fcfs": FCFSNode}

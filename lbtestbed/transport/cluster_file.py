@@ -56,6 +56,9 @@ class ClusterFile:
     prometheus_started: float = 0.0
     prometheus_cmdline: list[str] = field(default_factory=list)
     netns: dict[str, Any] = field(default_factory=dict)  # lbtestbed.cluster.netns.Layout of a --netns cluster
+    # the Unix time of model time 0 of the run on this cluster (lbt run sets it), so that a node host
+    # restarted during the run applies the spec's timed changes on the run's clock (POST /v1/origin)
+    origin: float = 0.0
 
     def node_urls(self) -> list[str]:
         """Base URL of every node id, in id order."""
@@ -91,6 +94,7 @@ class ClusterFile:
                 prometheus_started=data.get("prometheus_started", 0.0),
                 prometheus_cmdline=data.get("prometheus_cmdline", []),
                 netns=data.get("netns") or {},
+                origin=data.get("origin", 0.0),
             )
         except FileNotFoundError:
             raise ClusterError(f"{path}: no cluster file (is a cluster up?)") from None

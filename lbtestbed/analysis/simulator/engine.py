@@ -21,6 +21,7 @@ from collections.abc import Callable
 import numpy as np
 
 from lbtestbed.analysis.results.raw import RawRun
+from lbtestbed.model.conditions import fail_windows, failing, speed_changes
 from lbtestbed.model.distributions import BlockSampler
 from lbtestbed.model.spec import MAX_DISPATCHERS, Experiment, message_kinds, seed_sequence, seeded_random
 from lbtestbed.model.workload import DispatcherSplit, PoissonWorkload, Task
@@ -48,7 +49,8 @@ INF = math.inf
     _REPLY_AT_DISPATCHER,
     _TASK_AT_NODE,
     _DONE_AT_DISPATCHER,
-) = range(7)
+    _SPEED,
+) = range(8)
 
 Progress = Callable[[float], None]  # called with the fraction of model time done
 
@@ -96,6 +98,11 @@ class Simulator:
                 net.delay, np.random.default_rng(seed_sequence(exp.seed, "network", replication))
             )
         self.delay_tasks = net.forward_tasks and self.delay is not None
+        # gray failures (model.conditions): timed speed changes, and nodes that fail some of their tasks
+        self.speed_changes = speed_changes(exp)
+        self.fail_windows = fail_windows(exp)
+        self.fault_rng = seeded_random(exp.seed, "faults", replication) if self.fail_windows else None
+        self.failed = 0  # tasks a failing node refused
         self.heap: list[tuple[float, int, int, object, object]] = []
         self.seq = itertools.count()
         self.version = [0] * exp.n
@@ -256,6 +263,11 @@ class Simulator:
 
     def _task_at_node(self, task: Task, route: Route) -> None:
         k = route.node
+        if self.fault_rng is not None:
+            fraction = failing(self.fail_windows, k, self.now)
+            if fraction and self.fault_rng.random() < fraction:
+                self._failed_at_node(task, k)
+                return
         node = self.nodes[k]
         waits = node.arrive(task, self.now)
         if task.batch >= 0 and self.is_fcfs[k]:
@@ -267,6 +279,15 @@ class Simulator:
             self._to_dispatcher(msgs)
         if route.messages:
             self._to_nodes(route.messages)
+
+    def _failed_at_node(self, task: Task, k: int) -> None:
+        """Node ``k`` failed ``task`` (a fail fault): never admitted, it leaves the system now, and its
+        dispatcher hears of it with the node's answer, as the cluster's does."""
+        self.failed += 1
+        self._total_changes(self.now, -1)
+        if task.batch >= 0:
+            self.outstanding -= 1
+        self.dispatchers[task.origin].on_task_failed(k)
 
     def _completion(self, t: float, k: int) -> None:
         node = self.nodes[k]
@@ -318,6 +339,10 @@ class Simulator:
         elif kind == _DONE_AT_DISPATCHER:
             assert isinstance(a, int) and isinstance(b, int)
             self.dispatchers[b].on_task_done(a)
+        elif kind == _SPEED:
+            assert isinstance(a, int) and isinstance(b, float)
+            self.nodes[a].set_speed(self.now, self.exp.node_speeds[a] * b)
+            self._reschedule(a)
 
     # ---------------------------------------------------------------------------------- measurement
 
@@ -369,7 +394,8 @@ class Simulator:
     def run(self) -> RawRun:
         wall = time.perf_counter()
         boundaries, drain_until = self._window()
-        if self.delay is None and len(self.dispatchers) == 1:  # the fused loops know one dispatcher
+        gray = self.speed_changes or self.fail_windows  # the fused loops know neither
+        if self.delay is None and len(self.dispatchers) == 1 and not gray:  # and one dispatcher
             self._run_direct(boundaries, drain_until)
         else:
             self._run_general(boundaries, drain_until)
@@ -381,7 +407,10 @@ class Simulator:
             self.progress(min(1.0, t / horizon))
 
     def _run_general(self, boundaries: list[float], drain_until: float) -> None:
-        """Any network delay: every message, probe and (optionally) task travels through the event heap."""
+        """Any network delay: every message, probe and (optionally) task travels through the event heap;
+        so do the timed speed changes."""
+        for c in self.speed_changes:
+            self._push(c.at, _SPEED, c.node, c.factor)
         heap = self.heap
         pop = heapq.heappop
         bi = 0
