@@ -130,11 +130,14 @@ class Injector:
             raise ClusterError(f"the run's clock could not be set: {'; '.join(problems)}")
 
     async def run(self, session: aiohttp.ClientSession) -> None:
-        steps = sorted(
-            [(fault.at, i, "start") for i, fault in enumerate(self.exp.faults)]
-            + [(fault.until, i, "end") for i, fault in enumerate(self.exp.faults)]
-        )
-        for t, i, action in steps:
+        """Every fault on its own timeline, so that one whose action waits (a message fault switched in a
+        stopped process answers only when it continues) never holds up another (the SIGCONT of that
+        very process)."""
+        await asyncio.gather(*(self._fault(session, i) for i in range(len(self.exp.faults))))
+
+    async def _fault(self, session: aiohttp.ClientSession, i: int) -> None:
+        fault = self.exp.faults[i]
+        for t, action in ((fault.at, "start"), (fault.until, "end")):
             delay = self.origin + t * self.scale - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
