@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import re
@@ -46,12 +47,14 @@ import uvloop
 from test_cluster import fcfs_spec, get, post, scrape, signed_by, wait_until, write_spec
 
 from lbtestbed.cluster.launcher import Cluster, healthy, spawn
+from lbtestbed.dispatcher.health import failure_kind
 from lbtestbed.dispatcher.host import DispatcherHost
 from lbtestbed.loadgen.openloop import OUTCOMES, LoadReport, drive, poisson_tasks
 from lbtestbed.model.spec import load_spec, parse_spec
 from lbtestbed.transport.cluster_file import ClusterFile, Endpoint
+from lbtestbed.transport.http import LocalError
 from lbtestbed.transport.process import ConnectionGuard
-from lbtestbed.transport.signing import Signer
+from lbtestbed.transport.signing import WINDOW, Signer, Unauthorized, Verifier
 
 HEALTH = "\n[health]\nheartbeat = 0.2\ntimeout = 1.0\n"
 
@@ -647,3 +650,49 @@ def test_a_restarted_dispatcher_still_lists_the_transitions_its_predecessor_saw(
         assert [(e["process"], e["to"]) for e in events] == logged_transitions(Path(disp.log))
         assert [(e["process"], e["to"]) for e in events] == [(1, "down"), (1, "up")], events
         assert len({e["dispatcher_started"] for e in events}) == 1  # both seen by the first dispatcher
+
+
+# ============================================================ the signatures and the failure kinds, by hand
+
+
+def test_signatures_bind_receiver_path_body_and_counter_and_refuse_replays() -> None:
+    """A signed request is accepted once, by the receiver it was made for, with its own path and body;
+    requests of one sender may arrive out of order within WINDOW; one signed before the receiver started
+    is refused; an answer is good only for the request it answers."""
+    signer = Signer("k" * 32)
+    receiver = Verifier("k" * 32, "http://127.0.0.1:8000")
+    first, tag = signer.sign(b"POST", b"127.0.0.1:8000", b"/v1/messages", b"{}")
+    second, _ = signer.sign(b"POST", b"127.0.0.1:8000", b"/v1/messages", b"{}")
+    assert receiver.verify("POST", "/v1/messages", second.decode(), b"{}")  # out of order: fine
+    answer_tag = receiver.verify("POST", "/v1/messages", first.decode(), b"{}")
+    assert signer.answer_ok(tag, 200, b"ok", receiver.sign(answer_tag, 200, b"ok"))
+    assert not signer.answer_ok(tag, 200, b"forged", receiver.sign(answer_tag, 200, b"ok"))
+    for method, path, value, body, why in (
+        ("POST", "/v1/messages", first, b"{}", "replayed"),
+        ("POST", "/v1/faults", second, b"{}", "wrong signature"),
+        ("POST", "/v1/messages", second, b'{"x": 1}', "wrong signature"),
+    ):
+        with pytest.raises(Unauthorized, match=why):
+            receiver.verify(method, path, value.decode(), body)
+    elsewhere = Verifier("k" * 32, "http://127.0.0.1:8001")
+    third, _ = signer.sign(b"POST", b"127.0.0.1:8000", b"/v1/messages", b"{}")
+    with pytest.raises(Unauthorized, match="wrong signature"):
+        elsewhere.verify("POST", "/v1/messages", third.decode(), b"{}")
+    later = Verifier("k" * 32, "http://127.0.0.1:8000")
+    later.started = time.time() + 1  # a process that started after the request was signed
+    with pytest.raises(Unauthorized, match="before this process started"):
+        later.verify("POST", "/v1/messages", third.decode(), b"{}")
+    fourth, _ = signer.sign(b"POST", b"127.0.0.1:8000", b"/v1/messages", b"{}")  # the sender's 4th
+    receiver.seen[signer.sender.encode()].highest = 4 + WINDOW  # a whole window of later ones arrived
+    with pytest.raises(Unauthorized, match="replayed"):
+        receiver.verify("POST", "/v1/messages", fourth.decode(), b"{}")
+
+
+def test_a_local_shortage_is_nobodys_fault() -> None:
+    """Running out of descriptors, memory or local ports is this process's failure (``local``), a refused
+    connection is evidence the peer is gone, a timeout is a judgment."""
+    assert failure_kind(LocalError("no descriptors")) == "local"
+    assert failure_kind(OSError(errno.EMFILE, "Too many open files")) == "local"
+    assert failure_kind(OSError(errno.EADDRNOTAVAIL, "no local port")) == "local"
+    assert failure_kind(ConnectionRefusedError(errno.ECONNREFUSED, "refused")) == "gone"
+    assert failure_kind(TimeoutError()) == "timeout"

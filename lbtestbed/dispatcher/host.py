@@ -591,11 +591,4 @@ def _health_metrics(h: DispatcherHost) -> Iterator[Metric]:
     )
     spared.add_metric([], health.spared)
     yield spared
-    guard = h.guard
-    yield from wire.listener_metrics(
-        "dispatcher",
-        guard.open if guard else 0,
-        guard.refused if guard else 0,
-        guard.shed if guard else 0,
-        h.verifier.refused,
-    )
+    yield from wire.listener_metrics("dispatcher", h.guard, h.verifier.refused)

@@ -101,14 +101,7 @@ class NodeCollector(Collector):
         )
         heartbeats.add_metric([], host.heartbeats)
         yield heartbeats
-        guard = host.guard
-        yield from wire.listener_metrics(
-            "node",
-            guard.open if guard else 0,
-            guard.refused if guard else 0,
-            guard.shed if guard else 0,
-            host.verifier.refused,
-        )
+        yield from wire.listener_metrics("node", host.guard, host.verifier.refused)
 
 
 def registry_for(host: NodeHost) -> CollectorRegistry:

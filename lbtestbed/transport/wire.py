@@ -13,7 +13,7 @@ import json
 import math
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import ClientPayloadError, web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -316,11 +316,26 @@ def time_scale_gauge(scale: float) -> Any:
     return gauge
 
 
-def listener_metrics(role: str, open_now: int, refused: int, shed: int, unauthorized: int) -> Any:
+class Guard(Protocol):
+    """What a listener's guard counts (``transport.process.ConnectionGuard``)."""
+
+    @property
+    def open(self) -> int: ...
+
+    @property
+    def refused(self) -> int: ...
+
+    @property
+    def shed(self) -> int: ...
+
+
+def listener_metrics(role: str, guard: Guard | None, unauthorized: int) -> Any:
     """The listener's own families (``transport.process``, ``transport.signing``): connections open now,
-    new connections closed at once because the process held its limit, silent ones closed to make room,
-    and requests refused with 401."""
+    new connections closed at once because the process held its limit, silent ones closed to make room
+    (all 0 for a host served without a guard, in a test), and requests refused with 401."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    open_now, refused, shed = (guard.open, guard.refused, guard.shed) if guard is not None else (0, 0, 0)
 
     gauge = GaugeMetricFamily(f"lbtestbed_{role}_connections_open", "Connections open to this process now")
     gauge.add_metric([], open_now)
