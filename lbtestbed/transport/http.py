@@ -162,8 +162,10 @@ class HttpPool:
             self._drop(conn)  # the server closed it while idle, or is about to
         loop = asyncio.get_running_loop()
         try:
-            connecting = loop.create_connection(_Connection, self.host, self.port)
-            _, conn = await (connecting if timeout is None else asyncio.wait_for(connecting, timeout))
+            # a deadline on the connect too (a listener whose accept queue is full drops SYNs: the kernel
+            # retries for minutes); asyncio.timeout cancels this task, with no task of its own
+            async with asyncio.timeout(timeout):
+                _, conn = await loop.create_connection(_Connection, self.host, self.port)
         except OSError as e:
             what = LocalError if e.errno in LOCAL_ERRNOS else HttpError
             raise what(f"cannot connect to {self.host}:{self.port}: {e.strerror or e}") from None
