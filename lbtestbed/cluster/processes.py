@@ -59,6 +59,8 @@ class Started:
                 return False  # the pid was given to another process
             if proc.status() == psutil.STATUS_ZOMBIE:
                 return False
+            if proc.ppid() == os.getpid():
+                return True  # our own child (its pid is ours until we reap it), exec'd or about to be
             tail = tuple(proc.cmdline()[-len(self.cmdline) :]) if self.cmdline else ()
         except psutil.Error:
             return False
