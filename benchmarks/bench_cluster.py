@@ -34,6 +34,7 @@ import uvloop
 from lbtestbed.cluster.launcher import Cluster
 from lbtestbed.cluster.processes import free_ports
 from lbtestbed.model.spec import load_spec
+from lbtestbed.transport.signing import Signer
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICIES = ("random", "least_request", "jiq", "jlmu", "slta", "power_of_d")
@@ -78,13 +79,18 @@ async def closed_loop(
     latencies: list[float] = []
     rng = random.Random(7)
     stop = time.monotonic() + seconds
-    headers = {"Authorization": f"Bearer {token}"}  # needed by the direct path to the nodes only
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), headers=headers) as session:
+    signer = Signer(token)  # the direct path to the nodes signs as a dispatcher does (docs/protocol.md)
+    body = b'{"work": 1.0}'
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
 
         async def worker() -> None:
             while time.monotonic() < stop:
                 t = time.monotonic()
-                async with session.post(rng.choice(urls), json={"work": 1.0}) as resp:
+                url = rng.choice(urls)
+                headers = {"Content-Type": "application/json"}
+                if "/v1/nodes/" in url:
+                    headers |= signer.headers("POST", url, body)[0]
+                async with session.post(url, data=body, headers=headers) as resp:
                     await resp.read()
                     if resp.status != 200:
                         raise RuntimeError(f"{resp.status} from {resp.url}")
