@@ -49,7 +49,6 @@ class Owner(Protocol):
     node_urls: list[str]
     signer: Signer
     policy: DispatcherSide
-    session: aiohttp.ClientSession | None
 
     def send(self, msgs: Sequence[Message]) -> None: ...
 
@@ -176,16 +175,31 @@ class Health:
         self.resent: Counter[str] = Counter({"epoch": 0} if exp.policy.name == "slta" else {})
         self.ignored: Counter[str] = Counter()  # messages from nodes that were down
         self.tasks: list[asyncio.Task[None]] = []
+        # health checks ride on kept-alive connections to processes that answer, and on a fresh connection
+        # each to a process that is down, so that a check never rides on a connection to whatever holds its
+        # address now (a squatter on a dead process's port keeps its connections open)
+        self.session: aiohttp.ClientSession | None = None
+        self.fresh: aiohttp.ClientSession | None = None
 
     def start(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=5)
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None), timeout=timeout
+        )
+        self.fresh = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, force_close=True), timeout=timeout
+        )
         self.tasks = [asyncio.ensure_future(self._watch(p)) for p in self.processes]
         self.tasks.append(asyncio.ensure_future(self._resend_overdue()))
         self.tasks.append(asyncio.ensure_future(self.watch.run()))
         self.tasks.append(asyncio.ensure_future(self._watch_outliers()))
 
-    def stop(self) -> None:
+    async def stop(self) -> None:
         for t in self.tasks:
             t.cancel()
+        for session in (self.session, self.fresh):
+            if session is not None:
+                await session.close()
 
     # --------------------------------------------------------------------------------- heartbeats
 
@@ -231,7 +245,7 @@ class Health:
         self._answered(p, incarnation, reports)
 
     async def _ask(self, p: NodeProcess) -> tuple[int, dict[int, Report]]:
-        session = self.host.session
+        session = self.session if p.up and p.contacted else self.fresh
         assert session is not None
         url = f"{p.url}{wire.PREFIX}/state"
         headers, tag = self.host.signer.headers("GET", url)

@@ -18,7 +18,6 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import numpy as np
 import orjson
 from aiohttp import web
@@ -126,7 +125,6 @@ class DispatcherHost:
         self.present = TimeIntegral(self.started, self.scale)
         self.slta = self.policy if isinstance(self.policy, SLTADispatcher) else None
         self.r = TimeIntegral(self.started, self.scale, self.slta.r if self.slta is not None else 0)
-        self.session: aiohttp.ClientSession | None = None  # health checks
         # the task path's requests (forwards, probes, messages): lean kept-alive connections per process
         self.peers = Peers(signer=self.signer)
         self.node_peer = [
@@ -164,20 +162,12 @@ class DispatcherHost:
         self.registry.register(_DispatcherCollector(self))
 
     async def start(self) -> None:
-        # health checks: a new connection each, so that a check never rides on a connection to whatever held
-        # the address before (a squatter on a dead process's port keeps its connections open)
-        self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, force_close=True),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
-        )
         self.health.start()
 
     async def stop(self) -> None:
-        self.health.stop()
+        await self.health.stop()
         for t in list(self.background):
             t.cancel()
-        if self.session is not None:
-            await self.session.close()
         self.peers.close()
 
     def track_r(self) -> None:
