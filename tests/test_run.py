@@ -218,10 +218,17 @@ def test_two_dispatchers_ran_on_both_sides_of_the_comparison(
 
 
 def test_power_of_d_sends_exactly_2d_messages(runs: dict[str, tuple[int, dict[str, Any], Path]]) -> None:
+    """The simulation counts every task's 2d messages in its own batch: exactly 2d per task. The cluster
+    counts a probe when it is sent and the task when it is decided, so a task probed before a window end
+    and decided after it moves its d probes (or replies) to the other side: the window's count is d per
+    task up to the tasks in their probes at its two ends (a handful in 2,000)."""
     _, doc, _ = runs["power_of_d"]
-    for source in ("cluster", "simulation"):
-        m = doc["results"][source]["metrics"]["messages_per_task"]
-        assert m["by_kind"] == {"probe": 2.0, "probe_reply": 2.0}, source
+    sim = doc["results"]["simulation"]["metrics"]["messages_per_task"]
+    assert sim["by_kind"] == {"probe": 2.0, "probe_reply": 2.0}
+    cluster = doc["results"]["cluster"]["metrics"]["messages_per_task"]["by_kind"]
+    decided = sum(doc["results"]["cluster"]["decisions"].values())
+    for kind in ("probe", "probe_reply"):  # d = 2 per task, at most 10 tasks in their probes at each end
+        assert abs(cluster[kind] - 2.0) * decided <= 2 * (10 + 10), (cluster, decided)
 
 
 def test_cluster_tail_is_recomputed_point_by_point(runs: dict[str, tuple[int, dict[str, Any], Path]]) -> None:
