@@ -1140,6 +1140,44 @@ async def test_a_rider_for_a_node_outside_the_cluster_is_dropped_and_the_task_co
         await fake.close()
 
 
+BUG_UNREADABLE_REPORT = (
+    "was: dispatcher/health.py Health._answered: a state report the policy refused (ValueError, e.g. a JSQ "
+    "report without its event count) escaped the health watch's task, which ended: no node was checked again"
+)
+
+
+async def test_an_unreadable_state_report_fails_the_check_and_the_watch_goes_on() -> None:
+    """A node host whose reports the policy cannot read (three values where JSQ reads four): its nodes are
+    not taken up, the checks are counted as unreadable and keep coming, and the dispatcher refuses tasks
+    ("no node is up") instead of hanging."""
+    exp = parse_spec({**copy.deepcopy(FCFS_SPEC), "policy": {"name": "jsq"}})
+    asked = 0
+
+    async def state(request: web.Request) -> web.Response:
+        nonlocal asked
+        asked += 1
+        reports = {str(k): [0, 0, 0] for k in range(exp.n)}
+        return web.json_response({"incarnation": 1, "model_time": 0.0, "reports": reports})
+
+    app = web.Application()
+    app.router.add_get("/v1/state", wire.signed(Verifier("T"), state))
+    fake, base = await serve(app)
+    host = DispatcherHost(exp, 0, 1, [f"{base}/v1/nodes/{k}" for k in range(exp.n)], "T")
+    server, disp = await serve(build_dispatcher_app(host))
+    try:
+        await asyncio.wait_for(host.health.ready.wait(), 10)  # it answered: no first-contact wait
+        before = asked
+        await asyncio.sleep(5 * exp.health.heartbeat)
+        assert asked > before + 1 and host.health.heartbeats["unreadable"] >= 2
+        assert host.health.up_count == 0 and not any(host.health.node_up)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+            status, text = await post_status(session, f"{disp}/v1/tasks", b'{"work": 1}', {})
+        assert status == 503 and "no node is up" in text, text
+    finally:
+        await server.close()
+        await fake.close()
+
+
 @pytest.mark.parametrize("r", [0, -1, 10**9])
 async def test_an_slta_epoch_with_an_unusable_r_is_refused_and_the_pool_serves_on(r: int) -> None:
     """An epoch whose r is below 1 or absurdly large: 400 naming the message, and the pool still serves a

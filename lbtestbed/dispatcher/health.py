@@ -241,8 +241,18 @@ class Health:
                 if p.contacted and p.up:
                     self.down(p, f"health check failed: {str(e) or type(e).__name__}", kind == "timeout")
                 return
+        try:
+            self._answered(p, incarnation, reports)
+        except (ValueError, TypeError, AssertionError) as e:
+            # a report the policy cannot read (another version, a broken peer): the check failed, and
+            # the watch goes on (an exception here used to end it for good)
+            self.heartbeats["unreadable"] += 1
+            if p.up:  # once, not at every heartbeat
+                log.warning("node process %d: unreadable state report: %s", p.index, e)
+                self.down(p, f"unreadable state report: {e}")
+            p.contacted = True  # it answered: no first-contact wait for it
+            return
         self.heartbeats["ok"] += 1
-        self._answered(p, incarnation, reports)
 
     async def _ask(self, p: NodeProcess) -> tuple[int, dict[int, Report]]:
         session = self.session if p.up and p.contacted else self.fresh
