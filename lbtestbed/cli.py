@@ -58,6 +58,22 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def threshold(text: str) -> Any:
+    """An argparse type: a ``lbt load`` threshold (loadgen.summary.Threshold)."""
+    from lbtestbed.loadgen.summary import parse_threshold
+
+    try:
+        return parse_threshold(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def summary_metrics() -> str:
+    from lbtestbed.loadgen.summary import help_text
+
+    return help_text()
+
+
 def netns_problem(args: argparse.Namespace) -> str | None:
     """Why the ``--netns``/``--bandwidth`` options given cannot work together."""
     if args.bandwidth and not args.netns:
@@ -108,36 +124,36 @@ def _bad_input(message: str) -> int:
     return EXIT_BAD_INPUT
 
 
-def _progress(label: str) -> Any:
-    if not sys.stderr.isatty():
-        return None
-
-    def show(fraction: float) -> None:
-        sys.stderr.write(f"\r{label}: {100 * fraction:5.1f}% of model time")
-        sys.stderr.flush()
-
-    return show
-
-
 def cmd_simulate(args: argparse.Namespace) -> int:
     exp = load_spec(args.spec, args.set)  # a bad spec fails first, before the heavy imports
 
     from lbtestbed.analysis.results.result import summarize
     from lbtestbed.analysis.results.tables import render
     from lbtestbed.analysis.simulator import simulate_once
+    from lbtestbed.experiment.progress import Progress
 
     k = args.replications
     if k == 1:
-        raws = [simulate_once(exp, 0, None if args.quiet else _progress(exp.name))]
+        bar = None if args.quiet else Progress(f"{exp.name}: simulated", 1.0, "of model time", rate=False)
+        try:
+            raws = [simulate_once(exp, 0, None if bar is None else bar.update)]
+            if bar is not None:
+                bar.update(1.0)
+        finally:
+            if bar is not None:
+                bar.close()
     else:
-        with ProcessPoolExecutor(max_workers=min(k, args.jobs)) as pool:
-            futures = [pool.submit(simulate_once, exp, i) for i in range(k)]
-            for done, _ in enumerate(as_completed(futures), 1):
-                if not args.quiet:
-                    print(f"{exp.name}: replication {done}/{k} done", file=sys.stderr)
-            raws = [f.result() for f in futures]
-    if not args.quiet and sys.stderr.isatty():
-        sys.stderr.write("\r" + " " * 60 + "\r")
+        bar = None if args.quiet else Progress(f"{exp.name}: replications", k, "replications")
+        try:
+            with ProcessPoolExecutor(max_workers=min(k, args.jobs)) as pool:
+                futures = [pool.submit(simulate_once, exp, i) for i in range(k)]
+                for done, _ in enumerate(as_completed(futures), 1):
+                    if bar is not None:
+                        bar.update(done)
+                raws = [f.result() for f in futures]
+        finally:
+            if bar is not None:
+                bar.close()
     result = summarize(exp, raws)
     if args.json:
         json.dump(result.to_json(), sys.stdout, indent=1)
@@ -282,17 +298,24 @@ def cmd_load(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from lbtestbed.experiment.preflight import at_cluster_scale
+    from lbtestbed.loadgen import summary as summary_of
     from lbtestbed.loadgen.openloop import run_load, write_trace
     from lbtestbed.loadgen.plan import build_plan
-    from lbtestbed.transport.cluster_file import ClusterError, ClusterFile
+    from lbtestbed.loadgen.summary import LOCUST_ONLY
+    from lbtestbed.transport.cluster_file import ClusterError, ClusterFile, spec_difference
 
+    locust_only = [t.text for t in args.threshold if t.metric in LOCUST_ONLY]
+    if locust_only and not args.locust:
+        return _bad_input(f"--threshold {locust_only[0]!r}: a locust metric; it needs --locust")
     urls = list(args.dispatcher)
-    if not urls:
+    cluster = None  # the cluster file: the dispatchers, and the experiment its processes run
+    if not urls or args.spec is None:
         try:
-            urls = [d.url for d in ClusterFile.load(Path(args.cluster)).dispatchers]
+            cluster = ClusterFile.load(Path(args.cluster))
         except ClusterError as e:
-            print(f"lbt: error: {e}; give --dispatcher URL or start one with lbt cluster up", file=sys.stderr)
-            return EXIT_BAD_INPUT
+            hint = "give --dispatcher URL" if args.spec is not None else "give a SPEC and --dispatcher URL"
+            return _bad_input(f"{e}; {hint} or start one with lbt cluster up")
+        urls = urls or [d.url for d in cluster.dispatchers]
     if args.locust_mode == "closed" and not args.locust:
         print(
             "lbt: error: --locust-mode closed needs --locust (lbt load itself is an open loop)",
@@ -311,7 +334,11 @@ def cmd_load(args: argparse.Namespace) -> int:
         "max_outstanding": args.max_outstanding,
     }
     try:
-        exp = load_spec(args.spec, args.set)
+        if args.spec is None:  # the cluster's own spec and overrides, then the command line's
+            assert cluster is not None
+            exp = load_spec(cluster.spec, [*cluster.overrides, *args.set])
+        else:
+            exp = load_spec(args.spec, args.set)
         try:  # "auto": the scale the cluster was started with (lbt cluster up picked it)
             exp = at_cluster_scale(exp, Path(args.cluster))
         except ClusterError:
@@ -319,6 +346,10 @@ def cmd_load(args: argparse.Namespace) -> int:
                 f'{exp.source}: run.time_scale = "auto" needs the cluster that picked it (--cluster) '
                 "or a number: --set run.time_scale=X"
             )
+        if cluster is not None and not args.dispatcher:  # the spec must be the one the cluster runs
+            problem = spec_difference(exp, cluster.experiment())
+            if problem:
+                return _bad_input(f"{exp.source} against the cluster of {args.cluster}: {problem}")
         plan = build_plan(exp, dispatchers=urls, **options)
     except (OSError, ValueError) as e:
         print(f"lbt: error: {e}", file=sys.stderr)
@@ -346,30 +377,38 @@ def cmd_load(args: argparse.Namespace) -> int:
             print(f"lbt: error: {e}", file=sys.stderr)
             return EXIT_FAILED
     else:
+        from lbtestbed.experiment.progress import Progress
 
-        def progress(done: int, total: int) -> None:
-            if not args.quiet:
-                sys.stderr.write(f"\r  sent {done}/{total}")
-                sys.stderr.flush()
-
-        summary = run_load(
-            urls, tasks, exp.run.time_scale, args.max_outstanding, progress, deadline=args.deadline
-        ).summary()
-        if not args.quiet:
-            sys.stderr.write("\n")
+        bar = None if args.quiet else Progress(f"{exp.name}: sent", len(tasks), "tasks")
+        try:
+            report = run_load(
+                urls,
+                tasks,
+                exp.run.time_scale,
+                args.max_outstanding,
+                None if bar is None else lambda done, total: bar.update(done),
+                deadline=args.deadline,
+            )
+            if bar is not None:  # the tasks the schedule went through (it reports once a second)
+                bar.update(report.scheduled - report.outcomes["unsent"])
+            summary = report.summary()
+        finally:
+            if bar is not None:
+                bar.close()
         if summary["interrupted"]:
             print(
                 f"lbt: interrupted: {summary['sent']} of {summary['scheduled']} tasks sent so far, "
                 f"{summary['completed']} completed; the summary of what was done:",
                 file=sys.stderr,
             )
+    verdicts = summary_of.verdicts(args.threshold, summary)
     if args.json:
-        json.dump(summary, sys.stdout, indent=1)
+        json.dump({**summary, "thresholds": verdicts} if verdicts else summary, sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
-        for key, value in summary.items():
-            shown = f"{value:.4g}" if isinstance(value, float) else value
-            print(f"  {key:<16} {shown}")
+        print("\n".join(summary_of.lines(summary)))
+        for verdict in verdicts:
+            print(summary_of.describe(verdict))
         if summary["late_sends"] or summary["dropped"]:
             print(
                 f"warning: the generator could not keep its schedule: {summary['late_sends']} late sends, "
@@ -384,6 +423,8 @@ def cmd_load(args: argparse.Namespace) -> int:
             )
     if summary.get("interrupted"):
         return EXIT_INTERRUPTED
+    if verdicts:  # the thresholds alone decide, as k6's do
+        return EXIT_OK if all(v["ok"] for v in verdicts) else EXIT_FAILED
     return EXIT_OK if summary["completed"] == summary["scheduled"] else EXIT_FAILED
 
 
@@ -480,6 +521,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     directory = (
         Path(args.out) if args.out else Path("reports") / f"sweep-{exp.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
+    from lbtestbed.experiment.progress import Progress
+
+    bar = None if args.quiet else Progress(f"{exp.name}: sweep", len(grid), "points")
     try:
         points = sweep(
             grid,
@@ -487,11 +531,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             say,
             simulate_only=args.simulate_only,
             jobs=args.jobs,
+            progress=None if bar is None else bar.update,
             node_processes=args.node_processes,
         )
     except _run_errors() as e:
         print(f"lbt: error: {e}", file=sys.stderr)
         return EXIT_FAILED
+    finally:
+        if bar is not None:
+            bar.close()
     files = write(directory, args.spec, points)
     if args.json:
         json.dump({"spec": args.spec, "points": [p.to_json() for p in points]}, sys.stdout, indent=1)
@@ -661,9 +709,18 @@ def build_parser() -> argparse.ArgumentParser:
         "each task's intended send time. --schedule changes the rate over time; --locust sends the same "
         "tasks from locust instead (docs/load.md). Exit code 0 when every task completed, 1 otherwise.",
     )
-    load.add_argument("spec", help="experiment spec (TOML)")
     load.add_argument(
-        "--cluster", default=".lbt/cluster.json", help="cluster file to find the dispatchers in"
+        "spec",
+        nargs="?",
+        help="experiment spec (TOML); default: the cluster's own (the spec and overrides its cluster file "
+        "records). A spec given must be the cluster's: its node classes and speeds, policy, time scale and "
+        "network are checked against the cluster file (exit 2 naming the first difference); its workload, "
+        "seed and length are the load's own",
+    )
+    load.add_argument(
+        "--cluster",
+        default=".lbt/cluster.json",
+        help="cluster file to find the dispatchers (and the cluster's spec) in (default .lbt/cluster.json)",
     )
     load.add_argument(
         "--dispatcher",
@@ -717,6 +774,17 @@ def build_parser() -> argparse.ArgumentParser:
         default=20,
         metavar="N",
         help="with --locust-mode closed: users at the spec's rate (default 20)",
+    )
+    load.add_argument(
+        "--threshold",
+        action="append",
+        default=[],
+        type=threshold,
+        metavar="NAME<OP>NUMBER",
+        help="a pass/fail criterion on the summary, in its units, as k6 thresholds: 'sojourn_p99<5' "
+        "(model s), 'late_sends==0'; OP is < <= > >= == !=; repeatable. With thresholds, the exit code is 1 "
+        "when one fails (or has no value) and 0 when all hold, whatever else happened; without, 1 when a "
+        "task did not complete (the same as --threshold incomplete==0). NAME: " + summary_metrics(),
     )
     _add_overrides(load)
     load.add_argument("--json", action="store_true", help="print the summary as JSON")

@@ -58,6 +58,13 @@ def split_nodes(n: int, processes: int) -> list[list[int]]:
     return groups
 
 
+def log_dir(cluster_path: Path) -> Path:
+    """Where the processes of the cluster of file ``cluster_path`` write their logs: beside the file, named
+    after it (``.lbt/cluster.json`` -> ``.lbt/cluster.logs/``), so that two clusters' files in one
+    directory keep their logs apart (as their Prometheus directories, ``cluster.prometheus/``)."""
+    return cluster_path.with_suffix(".logs")
+
+
 def started(e: Endpoint) -> Started:
     """The process of endpoint ``e`` as the cluster file records it."""
     return Started(e.pid, e.started, tuple(e.cmdline))
@@ -186,7 +193,7 @@ class Cluster:
             except ns.NetnsError as problem:
                 raise ClusterError(str(problem)) from None
         ports = free_ports(dispatchers + len(groups))
-        logdir = self.path.parent / "logs"
+        logdir = log_dir(self.path)
         logdir.mkdir(parents=True, exist_ok=True)
         dispatcher_ip = layout.bridge_ip if layout else LOOPBACK
         disp = [

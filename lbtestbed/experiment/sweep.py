@@ -120,9 +120,10 @@ def sweep(
     *,
     simulate_only: bool = False,
     jobs: int = 2,
+    progress: Callable[[int], None] | None = None,
     **cluster_options: Any,
 ) -> list[Point]:
-    """Run (or simulate) every point of ``experiments(...)``."""
+    """Run (or simulate) every point of ``experiments(...)``; ``progress(k)`` after the k-th is done."""
     settings = [p for p, _ in points]
     keys = varying(settings) or [item.partition("=")[0] for item in settings[0]]
     directory.mkdir(parents=True, exist_ok=True)
@@ -134,6 +135,8 @@ def sweep(
                 result, theory = fut.result()
                 say(f"point {i}/{len(points)} simulated: {_label(_settings(p, keys))}")
                 out.append(Point(_settings(p, keys), result, theory))
+                if progress is not None:
+                    progress(len(out))
         return out
     from lbtestbed.experiment.runner import run_experiment
 
@@ -143,6 +146,8 @@ def sweep(
         rep, _ = run_experiment(exp, sub, lambda line: say(f"  {line}"), **cluster_options)
         assert rep.theory is not None
         out.append(Point(_settings(p, keys), rep.cluster, rep.theory, rep.agrees, str(sub)))
+        if progress is not None:
+            progress(len(out))
     return out
 
 

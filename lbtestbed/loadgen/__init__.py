@@ -5,6 +5,7 @@
 - ``openloop``: ``lbt load``'s generator (``drive``, ``run_load``), its report, traces
 - ``locustfile``: the same tasks from locust (open or closed loop) and its load shape
 - ``locust_run``: ``lbt load --locust``, locust headless in a child process
+- ``summary``: the summary's quantities, their units, and ``lbt load --threshold`` on them
 """
 
 #: wall seconds a task may take from its send to its answer before a generator gives it up (``expired``);

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -103,3 +103,41 @@ class ClusterFile:
 
     def experiment(self) -> Experiment:
         return load_spec(self.spec, self.overrides)
+
+
+def _first_difference(path: str, mine: Any, theirs: Any) -> tuple[str, Any, Any] | None:
+    """The first place where two parsed spec values differ: (key path, mine, theirs), or None."""
+    if mine == theirs:
+        return None
+    if is_dataclass(mine) and type(mine) is type(theirs):
+        for f in fields(mine):
+            found = _first_difference(f"{path}.{f.name}", getattr(mine, f.name), getattr(theirs, f.name))
+            if found:
+                return found
+    if isinstance(mine, tuple) and isinstance(theirs, tuple) and len(mine) == len(theirs):
+        for i, (a, b) in enumerate(zip(mine, theirs, strict=True)):
+            found = _first_difference(f"{path}[{i}]", a, b)
+            if found:
+                return found
+    return path, mine, theirs
+
+
+def spec_difference(exp: Experiment, running: Experiment) -> str | None:
+    """What ``exp`` asks of a cluster that differs from what the cluster's processes run (``running``, the
+    experiment of its file): the node classes and their speeds, the policy, the time scale, the network
+    delays; None when they agree. The workload, the seed of the arrivals and the run's length may differ:
+    they are the load's, not the cluster's."""
+    for path, mine, theirs in (
+        ("classes", exp.classes, running.classes),
+        ("node speeds", exp.node_speeds, running.node_speeds),  # drawn from the seed: compared as drawn
+        ("policy", exp.policy, running.policy),
+        ("run.time_scale", exp.run.time_scale, running.run.time_scale),
+        ("network", exp.network, running.network),
+    ):
+        found = _first_difference(path, mine, theirs)
+        if found:
+            where, a, b = found
+            if where.startswith("node speeds"):
+                return f"{where}: the cluster's nodes run at {b!r}, the spec's at {a!r} (another seed?)"
+            return f"{where}: the cluster runs {b!r}, the spec asks for {a!r}"
+    return None
