@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import math
 import time
@@ -35,6 +36,7 @@ from lbtestbed.cluster.launcher import Cluster
 from lbtestbed.dispatcher.host import DISPATCHER_STREAM
 from lbtestbed.experiment.fault_injector import Injector, check
 from lbtestbed.loadgen.openloop import LoadReport, drive, poisson_tasks, write_trace
+from lbtestbed.model.conditions import speed_changes, speed_varies
 from lbtestbed.model.spec import GRAY_FAULTS, Experiment, SpecError
 from lbtestbed.model.workload import DispatcherSplit
 from lbtestbed.transport.cluster_file import ClusterError, ClusterFile
@@ -83,6 +85,21 @@ def warmup_warning(exp: Experiment) -> str | None:
             f"early batches may be biased: --set run.warmup={math.ceil(need)}"
         )
     return None
+
+
+def ejection_warning(exp: Experiment) -> str | None:
+    """A warning when speed schedules or antagonists slow a node below the share of its speed at which
+    the dispatchers eject it as an outlier (health.slow_share): the simulator and the twin eject nothing."""
+    if not speed_varies(exp) or exp.health.slow_share == 0:
+        return None
+    slowest = min(c.factor for c in speed_changes(dataclasses.replace(exp, faults=())))  # slow faults aside
+    if slowest >= exp.health.slow_share:
+        return None
+    return (
+        f"the speed schedules and antagonists slow a node to {slowest:.3g} of its speed, below "
+        f"health.slow_share = {exp.health.slow_share:g}: the dispatchers' outlier detection may eject it, "
+        f"which the simulator and the twin do not model (--set health.slow_share=0 turns that rule off)"
+    )
 
 
 def scrape_interval(exp: Experiment) -> float:
@@ -210,7 +227,8 @@ async def measure(
             )
         )
         injector = Injector(exp, f, cluster_path or Path("cluster.json"), origin, say)
-        if any(fault.kind in GRAY_FAULTS for fault in exp.faults):
+        if speed_varies(exp) or any(fault.kind in GRAY_FAULTS for fault in exp.faults):
+            # the node hosts apply speed schedules, antagonists and gray faults on the run's clock
             await injector.set_origin(session, origin_unix)  # within the lead-in, before the first task
         injecting = asyncio.ensure_future(injector.run(session)) if faulty else None
         sampler = None
@@ -479,7 +497,7 @@ def run_experiment(
     from lbtestbed.analysis.simulator import simulate_once
     from lbtestbed.analysis.theory.predict import predict
 
-    warnings = [w for w in (warmup_warning(exp),) if w]
+    warnings = [w for w in (warmup_warning(exp), ejection_warning(exp)) if w]
     for w in warnings:
         say(f"warning: {w}")
     directory.mkdir(parents=True, exist_ok=True)

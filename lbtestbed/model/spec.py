@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from lbtestbed.model.distributions import SIZE_DISTRIBUTIONS, SizeDistribution, SpeedSpec
+from lbtestbed.model.schedules import Antagonist, Entry, NodeSpeed, Ramp, Step, levels
 from lbtestbed.model.utility import TableUtility, Utility, XLogUtility, first_concavity_violation
 
 DISCIPLINES = ("pool", "ps", "fcfs")
@@ -53,6 +54,9 @@ NODE_BYTES = 2048
 MEASURED_TASK_BYTES = 48
 #: bytes a load generator keeps per task it sends (the schedule, and the record of its answer)
 SENT_TASK_BYTES = 640
+#: timed speed changes (schedule steps, antagonist switches) expected over the run, in all: each is an event
+#: of the simulator and an object every process holds (about 150 bytes)
+MAX_SPEED_CHANGES = 2_000_000
 
 #: how arrivals are spread over several dispatchers: each to a uniformly random one, or in turn
 SPLITS = ("random", "round_robin")
@@ -124,6 +128,9 @@ class NodeClass:
     discipline: str
     speed: SpeedSpec
     utility: Utility | None
+    # the speed over time of each node of the class (model.schedules): a factor of its speed
+    speed_schedule: tuple[Entry, ...] = ()
+    antagonist: Antagonist | None = None
 
 
 @dataclass(frozen=True)
@@ -222,6 +229,8 @@ class Experiment:
     #: the ``--set`` overrides applied to the file at ``source``: a cluster's processes read the same
     #: experiment from the two (``load_spec(source, overrides)``)
     overrides: tuple[str, ...] = field(default=(), compare=False)
+    #: single nodes' own speed schedules and antagonists (``[[nodes]]``), in place of their class's
+    nodes: tuple[NodeSpeed, ...] = ()
 
     @property
     def n(self) -> int:
@@ -243,6 +252,25 @@ class Experiment:
         """Work arriving per model second."""
         return self.workload.arrival_rate * self.workload.service.mean
 
+    def speed_over_time(self, node: int) -> tuple[tuple[Entry, ...], Antagonist | None]:
+        """Node ``node``'s speed schedule and antagonist: its own (``[[nodes]]``), key by key, else its
+        class's."""
+        c = self.classes[self.node_class[node]]
+        schedule, antagonist = c.speed_schedule, c.antagonist
+        for own in self.nodes:
+            if own.node == node:
+                schedule = own.schedule if own.schedule is not None else schedule
+                antagonist = own.antagonist if own.antagonist is not None else antagonist
+        return schedule, antagonist
+
+    def long_run_speed(self, node: int) -> float:
+        """Node ``node``'s mean speed in the long run: its speed x its schedule's last level x its
+        antagonist's mean factor (docs/spec.md, "Speed over time")."""
+        schedule, antagonist = self.speed_over_time(node)
+        steps = levels(schedule)
+        factor = (steps[-1][1] if steps else 1.0) * (antagonist.mean_factor if antagonist else 1.0)
+        return self.node_speeds[node] * factor
+
 
 _STREAMS = {
     "speeds": 1,
@@ -255,6 +283,7 @@ _STREAMS = {
     "dispatchers": 8,  # the simulator's dispatchers 1..K-1 (dispatcher 0 draws from "policy")
     "node_side": 9,  # node k's own draws (which dispatcher hears of it): one stream per node, see below
     "faults": 10,  # which tasks a failing node fails (fail faults): the simulator's, and each node host's
+    "antagonists": 11,  # node k's antagonist: one stream per node (model.schedules.antagonist_random)
 }
 
 
@@ -441,14 +470,115 @@ def _parse_size(r: _Reader, name: str) -> SizeDistribution:
 
 
 def _parse_class(r: _Reader) -> NodeClass:
-    r.check_keys(("name", "count", "discipline", "speed", "utility"))
+    r.check_keys(("name", "count", "discipline", "speed", "utility", "speed_schedule", "antagonist"))
     return NodeClass(
         name=r.string("name"),
         count=r.integer("count", minimum=1, maximum=MAX_NODES),
         discipline=r.string("discipline", choices=DISCIPLINES),
         speed=_parse_speed(r),
         utility=_parse_utility(r),
+        speed_schedule=_parse_schedule(r) or (),
+        antagonist=_parse_antagonist(r),
     )
+
+
+def _parse_schedule(r: _Reader) -> tuple[Entry, ...] | None:
+    """``speed_schedule``: steps {at, factor} and ramps {start, end, to, from, steps}, in time order."""
+    if not r.has("speed_schedule"):
+        return None
+    raw = r.get("speed_schedule")
+    if not isinstance(raw, list):
+        raise r.fail("speed_schedule", "must be an array of steps {at, factor} and ramps {start, end, to}")
+    entries: list[Entry] = []
+    for j, v in enumerate(raw):
+        if not isinstance(v, Mapping):
+            raise r.fail(
+                f"speed_schedule[{j}]", "must be a table: a step {at, factor} or a ramp {start, end, to}"
+            )
+        e = _Reader(r.source, v, r.key(f"speed_schedule[{j}]"))
+        entry: Entry
+        if e.has("at"):
+            e.check_keys(("at", "factor"))
+            entry = Step(e.number("at", positive=False), e.number("factor"))
+        elif e.has("start"):
+            e.check_keys(("start", "end", "from", "to", "steps"))
+            start, end = e.number("start", positive=False), e.number("end")
+            if end <= start:
+                raise e.fail("end", f"must come after start ({start:g}), got {end:g}")
+            frm = e.number("from") if e.has("from") else None
+            entry = Ramp(start, end, e.number("to"), frm, e.integer("steps", default=10, minimum=1))
+        else:
+            raise e.fail("at", "missing: a step has at and factor, a ramp start, end and to")
+        if entries and entry.begins < entries[-1].ends:
+            key = "at" if isinstance(entry, Step) else "start"
+            raise e.fail(
+                key,
+                f"must not come before the previous entry ends ({entries[-1].ends:g}), got {entry.begins:g}",
+            )
+        entries.append(entry)
+    return tuple(entries)
+
+
+def _parse_antagonist(r: _Reader) -> Antagonist | None:
+    """``antagonist = {factor, mean_on, mean_off}``: an on/off process slowing each node it acts on."""
+    if not r.has("antagonist"):
+        return None
+    a = r.sub("antagonist")
+    a.check_keys(("factor", "mean_on", "mean_off"))
+    return Antagonist(a.number("factor"), a.number("mean_on"), a.number("mean_off"))
+
+
+def _parse_nodes(top: _Reader, n: int) -> tuple[NodeSpeed, ...]:
+    """``[[nodes]]``: a node's own speed schedule and antagonist, each in place of its class's."""
+    if not top.has("nodes"):
+        return ()
+    raw = top.get("nodes")
+    if not isinstance(raw, list):
+        raise top.fail("nodes", "must be an array of [[nodes]] tables")
+    out: list[NodeSpeed] = []
+    for i, v in enumerate(raw):
+        if not isinstance(v, Mapping):
+            raise top.fail(f"nodes[{i}]", "must be a table")
+        r = _Reader(top.source, v, f"nodes[{i}]")
+        r.check_keys(("node", "speed_schedule", "antagonist"))
+        node = r.integer("node", minimum=0, maximum=n - 1)
+        if any(o.node == node for o in out):
+            raise r.fail("node", f"node {node} has another [[nodes]] table")
+        if not r.has("speed_schedule") and not r.has("antagonist"):
+            raise r.fail("speed_schedule", "missing: give speed_schedule, antagonist or both")
+        out.append(NodeSpeed(node, _parse_schedule(r), _parse_antagonist(r)))
+    return tuple(out)
+
+
+def _check_speeds_over_time(top: _Reader, exp: Experiment) -> None:
+    """Schedules within the run; antagonists' expected switches (and schedules' steps) within the limit."""
+    end = exp.run.warmup + exp.run.duration
+    horizon = exp.run.warmup + 2 * exp.run.duration
+    owners: list[tuple[str, tuple[Entry, ...], Antagonist | None, int]] = [
+        (f"classes[{i}]", c.speed_schedule, c.antagonist, c.count) for i, c in enumerate(exp.classes)
+    ]
+    owners += [(f"nodes[{i}]", o.schedule or (), o.antagonist, 1) for i, o in enumerate(exp.nodes)]
+    changes = 0.0
+    for where, schedule, antagonist, count in owners:
+        for j, e in enumerate(schedule):
+            if e.ends > end:
+                key = f"{where}.speed_schedule[{j}].{'at' if isinstance(e, Step) else 'end'}"
+                raise top.fail(key, f"must lie within the run (warmup + duration = {end:g}), got {e.ends:g}")
+            changes += count * (1 if isinstance(e, Step) else e.steps + 1)
+        if antagonist is not None:
+            changes += count * (1 + 2 * horizon / (antagonist.mean_on + antagonist.mean_off))
+            if changes > MAX_SPEED_CHANGES:
+                raise top.fail(
+                    f"{where}.antagonist",
+                    f"about {changes:.3g} speed changes in all over warmup + 2 x duration = {horizon:g} "
+                    f"model s (the run and its longest drain): at most {MAX_SPEED_CHANGES:.0e}; "
+                    "lengthen mean_on and mean_off",
+                )
+        if changes > MAX_SPEED_CHANGES:
+            raise top.fail(
+                f"{where}.speed_schedule",
+                f"{changes:.3g} speed changes in all: at most {MAX_SPEED_CHANGES:.0e}; use fewer ramp steps",
+            )
 
 
 def _parse_policy(r: _Reader, classes: Sequence[NodeClass], n: int) -> PolicySpec:
@@ -525,7 +655,19 @@ def parse_spec(data: Mapping[str, Any], source: str = "<spec>") -> Experiment:
     """Validate a decoded TOML document and build the experiment."""
     top = _Reader(source, data, "")
     top.check_keys(
-        ("name", "description", "seed", "classes", "workload", "policy", "run", "network", "faults", "health")
+        (
+            "name",
+            "description",
+            "seed",
+            "classes",
+            "workload",
+            "policy",
+            "run",
+            "network",
+            "faults",
+            "health",
+            "nodes",
+        )
     )
     name = top.string("name")
     if top.has("description"):
@@ -647,6 +789,8 @@ def parse_spec(data: Mapping[str, Any], source: str = "<spec>") -> Experiment:
     faults = _parse_faults(top, policy, n, run)
 
     exp = Experiment(name, seed, tuple(classes), workload, policy, run, network, source, data, faults, health)
+    exp = dataclasses.replace(exp, nodes=_parse_nodes(top, n))
+    _check_speeds_over_time(top, exp)
     _check_stability(exp, top)
     return exp
 
@@ -786,17 +930,21 @@ def _parse_faults(top: _Reader, spec: PolicySpec, n: int, run: RunSpec) -> tuple
 
 def _check_stability(exp: Experiment, top: _Reader) -> None:
     """Refuse loads that no policy (or the chosen static policy) can carry on ps/fcfs nodes."""
-    speeds, cls = exp.node_speeds, exp.node_class
+    cls = exp.node_class
     queued = [k for k in range(exp.n) if exp.classes[cls[k]].discipline != "pool"]
     if not queued:
         return
+    varies = exp.nodes or any(c.speed_schedule or c.antagonist for c in exp.classes)
+    # with schedules and antagonists: the speeds they leave in the long run (docs/spec.md, Speed over time)
+    speeds = [exp.long_run_speed(k) for k in range(exp.n)] if varies else exp.node_speeds
     capacity = sum(speeds)
+    over_time = " in the long run (schedules' last levels, antagonists' mean factors)" if varies else ""
     # with a pool (infinite capacity) somewhere, some policy can always keep the system stable
     if len(queued) == exp.n and exp.work_rate >= capacity:
         raise top.fail(
             "workload",
             f"unstable: work arrives at {exp.work_rate:.4g}/s but the nodes serve at most "
-            f"{capacity:.4g}/s (load must stay below the mean speed {capacity / exp.n:.4g})",
+            f"{capacity:.4g}/s{over_time} (load must stay below the mean speed {capacity / exp.n:.4g})",
         )
     if exp.policy.name in ("random", "round_robin"):
         # static routing gives every node 1/n of the work, whatever the other nodes are
@@ -805,7 +953,8 @@ def _check_stability(exp: Experiment, top: _Reader) -> None:
             raise top.fail(
                 "workload",
                 f"unstable under {exp.policy.name}: each node gets "
-                f"{exp.work_rate / exp.n:.4g} work/s but the slowest fcfs/ps node serves {slowest:.4g}/s",
+                f"{exp.work_rate / exp.n:.4g} work/s but the slowest fcfs/ps node serves {slowest:.4g}/s"
+                f"{over_time}",
             )
 
 

@@ -99,7 +99,7 @@ class Simulator:
             )
         self.delay_tasks = net.forward_tasks and self.delay is not None
         # gray failures (model.conditions): timed speed changes, and nodes that fail some of their tasks
-        self.speed_changes = speed_changes(exp)
+        self.speed_changes = speed_changes(exp, replication)
         self.fail_windows = fail_windows(exp)
         self.fault_rng = seeded_random(exp.seed, "faults", replication) if self.fail_windows else None
         self.failed = 0  # tasks a failing node refused

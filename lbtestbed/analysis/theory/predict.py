@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 
-from lbtestbed.analysis.results.result import Result
+from lbtestbed.analysis.results.result import METRICS, Result
 from lbtestbed.analysis.theory import dispatchers, finite, hetero_ps, queues, supermarket
 from lbtestbed.analysis.theory.fluid import warmup_needed
 from lbtestbed.analysis.theory.numeric import bisect
@@ -24,6 +24,7 @@ from lbtestbed.analysis.theory.pools import (
     random_utility,
 )
 from lbtestbed.analysis.theory.prediction import THEORY, Prediction
+from lbtestbed.model.conditions import speed_varies
 from lbtestbed.model.spec import Experiment
 
 #: metrics a queueing formula predicts together, and which fall together when it does not apply
@@ -112,6 +113,15 @@ def predict(exp: Experiment) -> Result:
     work = exp.workload.service
     discs = _disciplines(exp)
     msgs = _messages(exp)
+    varies = speed_varies(exp)
+    if varies is not None:
+        # every formula here assumes each node keeps one speed; a count of messages fixed by the policy's
+        # definition (no assumption about the state) still holds
+        why = f"{varies}: every formula in {THEORY} assumes constant node speeds"
+        if msgs[0] is not None and not msgs[3]:
+            p.set("messages_per_task", msgs[0], msgs[1], msgs[2])
+        p.null_many(METRICS, why)
+        return p.result()
     if msgs[0] is None:
         p.null("messages_per_task", msgs[1])
     else:
