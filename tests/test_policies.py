@@ -128,7 +128,7 @@ class World:
         assert self.x[k] > 0
         self.x[k] -= 1
         self._deliver_to_dispatcher(self.sides[k].on_departure(self.x[k], 0))
-        self.disp.on_task_done(k)
+        self.disp.on_task_done(k, 0.0)
 
     def frequencies(self, trials: int) -> Counter[int]:
         """Where a task goes from the current state, which is restored by that task's departure."""
@@ -1096,10 +1096,10 @@ def test_least_request_counts_tasks_in_flight() -> None:
     assert sorted(r.node for r in first) == [0, 1, 2]
     assert all(r.outcome == "sampled" and not r.messages for r in first)
     assert disp.gauges() == {"tasks_in_flight": 3.0}
-    disp.on_task_done(1)
+    disp.on_task_done(1, 0.0)
     assert disp.gauges() == {"tasks_in_flight": 2.0}
     assert world.arrive().node == 1
-    disp.on_task_done(2)
+    disp.on_task_done(2, 0.0)
     assert world.arrive().node == 2
     assert world.to_dispatcher == []  # no messages at all
 

@@ -178,7 +178,7 @@ class Net:
                     self.deliver(len(self.to_disp) - 1)
         else:
             self.to_nodes += route.messages
-        self.disp.on_task_done(route.node)
+        self.disp.on_task_done(route.node, 0.0)
         self.disp.on_task_failed(route.node)
         return route.node
 
@@ -187,7 +187,7 @@ class Net:
         self.x[k] -= 1
         self.to_disp += self.sides[k].on_departure(self.x[k], self.index)
         if done:
-            self.disp.on_task_done(k)
+            self.disp.on_task_done(k, 0.0)
 
     # messages
     def deliver(self, i: int = 0, keep: bool = False) -> bool:

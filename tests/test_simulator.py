@@ -768,3 +768,81 @@ def test_cli_replications(tmp_path: Path) -> None:
     # a 2-replication interval (t_1 = 12.7) still covers the M/M/1 values
     assert abs(m["mean_sojourn"]["value"] - 2.0) <= m["mean_sojourn"]["ci95"]
     assert abs(m["wait_probability"]["value"] - 0.5) <= m["wait_probability"]["ci95"]
+
+
+# ------------------------------------------------------------ the dispatcher side's clock and latencies
+
+
+def _clocked_run(monkeypatch: pytest.MonkeyPatch, network: dict[str, Any], dispatchers: int) -> list[Any]:
+    """Run least_request, its sides reading the clock and recording what they are told; the sides and
+    the measured sojourns."""
+    from lbtestbed.analysis.simulator import engine
+    from lbtestbed.policies.sampling import LeastRequestDispatcher
+
+    class Clocked(LeastRequestDispatcher):
+        uses_clock = True
+
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            self.dispatched: list[float] = []
+            self.done: list[tuple[float, float]] = []  # (now, latency)
+
+        def dispatch(self) -> Any:
+            self.dispatched.append(self.now)
+            return super().dispatch()
+
+        def on_task_done(self, node: int, latency: float) -> None:
+            self.done.append((self.now, latency))
+            super().on_task_done(node, latency)
+
+    sides: list[Any] = []
+
+    def make(exp: Experiment, rng: Any, index: int = 0, k: int = 1) -> Any:
+        sides.append(Clocked(exp, rng, index))
+        return sides[-1]
+
+    monkeypatch.setattr(engine, "make_dispatcher", make)
+    spec = queue_spec(
+        "least_request",
+        [("q", 4, "fcfs", 1.0)],
+        load=0.7,
+        warmup=5.0,
+        duration=200.0,
+        network=network,
+        d=2,
+        dispatchers=dispatchers,
+    )
+    raw = engine.Simulator(parse_spec(spec)).run()
+    sojourns = [s for batch in raw.sojourns for s in batch]
+    assert len(sojourns) > 300
+    return [sides, sojourns]
+
+
+@pytest.mark.parametrize("dispatchers", [1, 2])
+def test_the_simulator_tells_a_clocked_side_the_time_and_each_task_latency(
+    monkeypatch: pytest.MonkeyPatch, dispatchers: int
+) -> None:
+    """Without network delay a task is forwarded the instant it arrives and its answer is back the instant
+    it completes: its latency is its sojourn, and the side hears of it at forward time + latency."""
+    sides, sojourns = _clocked_run(monkeypatch, {}, dispatchers)
+    assert len(sides) == dispatchers
+    latencies = sorted(lat for s in sides for _, lat in s.done)
+    for s in sides:
+        assert s.dispatched == sorted(s.dispatched) and s.dispatched[-1] > 200.0  # the clock runs
+        starts = {round(t, 9) for t in s.dispatched}
+        assert all(round(now - lat, 9) in starts for now, lat in s.done)
+    # every measured sojourn is one of the latencies (the others arrived outside the window)
+    pool = {round(x, 9) for x in latencies}
+    assert all(round(x, 9) in pool for x in sojourns)
+
+
+def test_with_a_network_delay_the_latency_holds_both_ways(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A constant delay of 0.05 each way with forwarded tasks: a task's sojourn (arrival at the dispatcher
+    to completion at its node) is 0.05 + its stay, its latency 0.05 + stay + 0.05 = sojourn + 0.05. The
+    run stops when the last measured task completes, with the answers of the last few still on their way
+    back: those have no latency."""
+    sides, sojourns = _clocked_run(monkeypatch, {"delay": 0.05, "forward_tasks": True}, 1)
+    pool = {round(lat - 0.05, 9) for _, lat in sides[0].done}
+    unmatched = [x for x in sojourns if round(x, 9) not in pool]
+    assert len(unmatched) <= 3, unmatched[:5]
+    assert min(lat for _, lat in sides[0].done) > 0.1

@@ -52,6 +52,10 @@ class Owner(Protocol):
 
     def send(self, msgs: Sequence[Message]) -> None: ...
 
+    def side(self, at: float | None = None) -> DispatcherSide:
+        """The policy for a call into it, its clock set (``DispatcherHost.side``)."""
+        ...
+
     def track_r(self) -> None: ...
 
 
@@ -273,7 +277,7 @@ class Health:
         return incarnation, {k: tuple(int(v) for v in got[str(k)]) for k in p.nodes}
 
     def _answered(self, p: NodeProcess, incarnation: int, reports: dict[int, Report]) -> None:
-        host, policy = self.host, self.host.policy
+        host = self.host
         now = time.monotonic()
         fresh = incarnation != p.incarnation
         if fresh and p.contacted and p.up:  # restarted between two checks: it was down all the same
@@ -285,7 +289,7 @@ class Health:
                     self.outliers.back(k)  # a restarted process serves new nodes: their ejection ends
                 if k in self.outliers.until:
                     continue  # ejected as an outlier: taken back when its time is up
-                host.send(policy.on_node_up(k, reports[k], fresh))
+                host.send(host.side().on_node_up(k, reports[k], fresh))
                 if not self.node_up[k]:
                     self.node_up[k] = True
                     self.up_count += 1
@@ -299,7 +303,7 @@ class Health:
             if p.reports and p.reports[0][0] <= now - self.reconcile_age:
                 _, old = p.reports.popleft()
                 for k in p.nodes:
-                    host.send(policy.reconcile(k, old[k]))
+                    host.send(host.side().reconcile(k, old[k]))
         p.reports.append((now, reports))
         host.track_r()
 
@@ -339,7 +343,7 @@ class Health:
         for k in p.nodes:
             if self.node_up[k]:  # an outlier ejected before is down already
                 self.node_up[k] = False
-                self.host.policy.on_node_down(k)
+                self.host.side().on_node_down(k)
                 self.up_count -= 1
         self.host.track_r()
         self._event(p, "down", reason, False)
@@ -369,7 +373,7 @@ class Health:
             return
         until = self.outliers.eject(node, time.monotonic())
         self.node_up[node] = False
-        self.host.policy.on_node_down(node)
+        self.host.side().on_node_down(node)
         self.up_count -= 1
         self.ejections += 1
         self.host.track_r()
@@ -386,7 +390,7 @@ class Health:
             return  # not yet a report since its process came back: at the next interval
         self.outliers.back(node)
         report = p.reports[-1][1][node]
-        self.host.send(self.host.policy.on_node_up(node, report, False))
+        self.host.send(self.host.side().on_node_up(node, report, False))
         self.node_up[node] = True
         self.up_count += 1
         self.host.track_r()
@@ -445,13 +449,13 @@ class Health:
 
     async def _resend_overdue(self) -> None:
         """Ask again where an answer to a message of ours is overdue (a lost SLTA epoch or its answer)."""
-        policy = self.host.policy
+        host = self.host
         while True:
             await asyncio.sleep(self.interval)
             now = time.monotonic()
-            for k in list(policy.awaiting()):
+            for k in list(host.side(now).awaiting()):
                 if self.node_up[k] and now - self.last_sent[k] > self.timeout:
-                    msgs = policy.resend(k)
+                    msgs = host.side(now).resend(k)
                     for m in msgs:
                         self.resent[m.kind] += 1
                     self.host.send(msgs)

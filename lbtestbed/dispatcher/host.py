@@ -28,7 +28,7 @@ from prometheus_client.registry import Collector
 from lbtestbed.dispatcher.health import Health, failure_kind
 from lbtestbed.model.distributions import BlockSampler
 from lbtestbed.model.spec import Experiment, message_kinds, seed_sequence, seeded_random
-from lbtestbed.policies import DISPATCHER_BOUND, Message, Probe, Route, make_dispatcher
+from lbtestbed.policies import DISPATCHER_BOUND, DispatcherSide, Message, Probe, Route, make_dispatcher
 from lbtestbed.policies.slta import SLTADispatcher
 from lbtestbed.transport import wire
 from lbtestbed.transport.http import Peers
@@ -170,6 +170,14 @@ class DispatcherHost:
             t.cancel()
         self.peers.close()
 
+    def side(self, at: float | None = None) -> DispatcherSide:
+        """The policy, for a call into it: one that reads the model time (``uses_clock``) finds in ``now``
+        the model seconds since this process started, at ``at`` (monotonic; now by default)."""
+        policy = self.policy
+        if policy.uses_clock:
+            policy.now = ((time.monotonic() if at is None else at) - self.started) / self.scale
+        return policy
+
     def track_r(self) -> None:
         """Follow SLTA's r; called after every policy call that can change it."""
         if self.slta is not None:
@@ -235,17 +243,17 @@ class DispatcherHost:
 
     async def _route(self, work: float, accepted: float) -> tuple[web.Response, float]:
         """Route, forward and answer one task; the answer and the monotonic instant it was ready."""
-        decision = self.policy.dispatch()
+        decision = self.side(accepted).dispatch()
         if isinstance(decision, Probe):
             replies = await asyncio.gather(*(self._probe(k) for k in decision.nodes))
-            decision = self.policy.resolve(decision, list(replies))
+            decision = self.side().resolve(decision, list(replies))
         route: Route = decision
-        decided = time.monotonic()
+        decided = time.monotonic()  # it is forwarded: its latency at the dispatcher starts
         self.track_r()
         self.decisions[route.outcome] += 1
         self.in_flight += 1
         generation = self.health.generation[route.node]
-        forward = asyncio.ensure_future(self._forward(route, generation, work, decided - accepted))
+        forward = asyncio.ensure_future(self._forward(route, generation, work, accepted, decided))
         self.send(route.messages)  # threshold updates follow the task they were decided with
         status, reply, forwarded, answered = await forward
         if status == 200:
@@ -268,14 +276,15 @@ class DispatcherHost:
         return wire.error(502, why, node=route.node), time.monotonic()
 
     async def _forward(
-        self, route: Route, generation: int, work: float, latency: float
+        self, route: Route, generation: int, work: float, accepted: float, decided: float
     ) -> tuple[int, dict[str, Any], float, float]:
         """Forward the task and take in what its reply says (``_settle``); (status, reply, monotonic
-        instant it left, instant its reply was read). ``generation``: the node's when it was chosen."""
+        instant it left, instant its reply was read). ``generation``: the node's when it was chosen;
+        ``accepted`` and ``decided``: the instants the task was accepted and decided."""
         try:
             if self.delay_tasks:
                 await self._sleep_delay()
-            self.latency.observe(latency)
+            self.latency.observe(decided - accepted)
             body = orjson.dumps({"work": work, "origin": self.index, "piggyback": list(route.piggyback)})
             pool, path = self.node_peer[route.node]
             forwarded = time.monotonic()
@@ -290,16 +299,24 @@ class DispatcherHost:
             if self.delay_tasks:
                 await self._sleep_delay()  # the completion's way back, as in the simulator
         except asyncio.CancelledError:  # the dispatcher is stopping: the task's count ends with it
-            self._release(route, generation)
+            self._release(route, generation, decided, time.monotonic())
             raise
         answered = time.monotonic()
-        self._settle(route, generation, status, reply, answered, work)
+        self._settle(route, generation, status, reply, decided, answered, work)
         return status, reply, forwarded, answered
 
     def _settle(
-        self, route: Route, generation: int, status: int, reply: dict[str, Any], answered: float, work: float
+        self,
+        route: Route,
+        generation: int,
+        status: int,
+        reply: dict[str, Any],
+        decided: float,
+        answered: float,
+        work: float,
     ) -> None:
-        """The task's reply, read at ``answered``, reaches the policy at once: the decisions that follow
+        """The task's reply, read at ``answered`` (it was forwarded at ``decided``), reaches the policy at
+        once: the decisions that follow
         see its messages, as the twin's do (docs/run.md, "The twin"), and never a loop turn later. Its
         outcome and its stay at the node feed outlier detection (docs/faults.md, "Gray failures")."""
         if status == 200:
@@ -311,19 +328,20 @@ class DispatcherHost:
             self.health.task_served(route.node, work, stay, reply.get("waited") is True)
         elif status not in (0, 503, LOCAL_FAILURE):  # it answered, with an error
             self.health.task_failed(route.node, str(reply.get("error", status)))
-        if self._release(route, generation) and status != 200:
-            self.policy.on_task_failed(route.node)
+        if self._release(route, generation, decided, answered) and status != 200:
+            self.side(answered).on_task_failed(route.node)
         if status == 0:
             self.health.unreachable(route.node, f"forward failed: {reply.get('error', '')}")
 
-    def _release(self, route: Route, generation: int) -> bool:
-        """The task is no longer in flight: the policy counts it done, unless the node came back fresh
-        since it was chosen (the policy then counts the node from its report: earlier tasks are not its
-        own). Whether it was still the policy's to count."""
+    def _release(self, route: Route, generation: int, decided: float, answered: float) -> bool:
+        """The task is no longer in flight: the policy counts it done (with its latency from the instant
+        it was forwarded, ``decided``, to its answer, ``answered``, in model seconds), unless the node
+        came back fresh since it was chosen (the policy then counts the node from its report: earlier
+        tasks are not its own). Whether it was still the policy's to count."""
         self.in_flight -= 1
         ours = generation == self.health.generation[route.node]
         if ours:
-            self.policy.on_task_done(route.node)
+            self.side(answered).on_task_done(route.node, (answered - decided) / self.scale)
         return ours
 
     def _legs(
@@ -403,7 +421,7 @@ class DispatcherHost:
                 self.health.ignored[m.kind] += 1  # its state is read afresh when it is back
                 continue
             try:
-                out = self.policy.on_message(m)
+                out = self.side(received).on_message(m)
             except (ValueError, TypeError, AssertionError) as e:
                 self.rejected[m.kind] += 1
                 log.warning("rejected %s message on a reply: %s", m.kind, e)
@@ -429,7 +447,7 @@ class DispatcherHost:
                 self.health.ignored[m.kind] += 1  # its state is read afresh when it is back
                 continue
             try:
-                out = self.policy.on_message(m)
+                out = self.side(now).on_message(m)
             except (ValueError, TypeError, AssertionError) as e:
                 self.rejected[m.kind] += 1
                 return wire.error(

@@ -52,8 +52,14 @@ class DispatcherSide:
     """The dispatcher half of a policy."""
 
     name: ClassVar[str] = ""
+    #: whether the rules read ``now``: only then do the drivers set it, so that the simulator's hot path
+    #: costs the policies that keep no time nothing
+    uses_clock: ClassVar[bool] = False
 
     def __init__(self, exp: Experiment, rng: random.Random, index: int = 0) -> None:
+        #: model time, in model seconds from a start of the driver's choosing (only differences mean
+        #: anything): set by the driver before every call into the side when ``uses_clock``
+        self.now: float = 0.0
         self.exp = exp
         self.n = exp.n
         self.rng = rng
@@ -72,11 +78,15 @@ class DispatcherSide:
         """Apply a state message from a node; return messages to send to nodes."""
         raise ValueError(f"{self.name} does not expect {msg.kind!r} messages")
 
-    def on_task_done(self, node: int) -> None:
-        """The completion of a task this dispatcher routed to ``node`` passed back through it."""
+    def on_task_done(self, node: int, latency: float) -> None:
+        """The answer to a task this dispatcher routed to ``node`` passed back through it, ``latency``
+        model seconds after the dispatcher forwarded the task (the request's latency as a proxy sees it:
+        the way to the node, the stay there and the way back). A task that failed ends here too, before
+        ``on_task_failed``."""
 
     def on_task_failed(self, node: int) -> None:
-        """The task routed to ``node`` never ran there (refused, or lost with the node): undo its count."""
+        """The task routed to ``node`` never ran there (refused, or lost with the node): undo its count.
+        Called after ``on_task_done`` for the same task."""
 
     def gauges(self) -> dict[str, float]:
         """Policy state worth exporting (token counts, thresholds)."""

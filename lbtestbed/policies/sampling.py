@@ -138,7 +138,7 @@ class LeastRequestDispatcher(_Sampler):
         inflight[k] += 1
         return Route(k, "sampled")
 
-    def on_task_done(self, node: int) -> None:
+    def on_task_done(self, node: int, latency: float) -> None:
         self.in_flight[node] -= 1
 
     def on_node_up(self, node: int, report: tuple[int, ...], fresh: bool) -> tuple[Message, ...]:

@@ -108,6 +108,8 @@ class Simulator:
         self.version = [0] * exp.n
         self.scheduled = [INF] * exp.n
         self.now = 0.0
+        # when each task in flight was forwarded, by id: its latency at the dispatcher (on_task_done)
+        self.forwarded: dict[int, float] = {}
         # measurement state
         run = exp.run
         self.t_start = run.warmup
@@ -255,6 +257,7 @@ class Simulator:
             self.decisions[route.outcome] += 1
         if self.slta is not None and not self.slta_all and self.slta.r != self.r:
             self._r_changes(self.now, self.slta.r)
+        self.forwarded[task.id] = self.now
         if self.delay_tasks:
             assert self.delay is not None
             self._push(self.now + self.delay(), _TASK_AT_NODE, task, route)
@@ -282,12 +285,15 @@ class Simulator:
 
     def _failed_at_node(self, task: Task, k: int) -> None:
         """Node ``k`` failed ``task`` (a fail fault): never admitted, it leaves the system now, and its
-        dispatcher hears of it with the node's answer, as the cluster's does."""
+        dispatcher hears of it with the node's answer, as the cluster's does: the task is done, and it
+        failed."""
         self.failed += 1
         self._total_changes(self.now, -1)
         if task.batch >= 0:
             self.outstanding -= 1
-        self.dispatchers[task.origin].on_task_failed(k)
+        dispatcher = self.dispatchers[task.origin]
+        dispatcher.on_task_done(k, self.now - self.forwarded.pop(task.id))
+        dispatcher.on_task_failed(k)
 
     def _completion(self, t: float, k: int) -> None:
         node = self.nodes[k]
@@ -303,11 +309,13 @@ class Simulator:
         msgs = self.sides[k].on_departure(node.x, task.origin)
         if msgs:
             self._to_dispatcher(msgs)
+        forwarded = self.forwarded.pop(task.id)
         if self.delay_tasks:
             assert self.delay is not None
-            self._push(t + self.delay(), _DONE_AT_DISPATCHER, k, task.origin)
+            back = t + self.delay()  # the answer's way back to the dispatcher
+            self._push(back, _DONE_AT_DISPATCHER, k, (task.origin, back - forwarded))
         else:
-            self.dispatchers[task.origin].on_task_done(k)
+            self.dispatchers[task.origin].on_task_done(k, t - forwarded)
 
     def _heap_event(self, kind: int, a: object, b: object) -> None:
         if kind == _AT_DISPATCHER:
@@ -337,8 +345,9 @@ class Simulator:
             assert isinstance(a, Task) and isinstance(b, Route)
             self._task_at_node(a, b)
         elif kind == _DONE_AT_DISPATCHER:
-            assert isinstance(a, int) and isinstance(b, int)
-            self.dispatchers[b].on_task_done(a)
+            assert isinstance(a, int) and isinstance(b, tuple)
+            origin, latency = b
+            self.dispatchers[origin].on_task_done(a, latency)
         elif kind == _SPEED:
             assert isinstance(a, int) and isinstance(b, float)
             self.nodes[a].set_speed(self.now, self.exp.node_speeds[a] * b)
@@ -411,6 +420,7 @@ class Simulator:
         so do the timed speed changes."""
         for c in self.speed_changes:
             self._push(c.at, _SPEED, c.node, c.factor)
+        clocked = [d for d in self.dispatchers if d.uses_clock]  # they read the model time
         heap = self.heap
         pop = heapq.heappop
         bi = 0
@@ -429,6 +439,8 @@ class Simulator:
                 next_boundary = boundaries[bi] if bi < len(boundaries) else INF
                 continue
             self.now = t
+            for d in clocked:
+                d.now = t
             self.events += 1
             if t_arr <= t_heap:
                 self._arrival(t, work)
@@ -459,9 +471,11 @@ class Simulator:
         quiet_arrival = all(type(s).on_arrival is NodeSide.on_arrival for s in sides)
         quiet_departure = all(type(s).on_departure is NodeSide.on_departure for s in sides)
         ignores_done = type(disp).on_task_done is DispatcherSide.on_task_done
+        clock = disp.uses_clock  # it reads the model time: set before every call
         instant_probe = getattr(disp, "instant_probe", None)
         if (
             instant_probe is not None
+            and not clock
             and plain_probe
             and quiet_arrival
             and quiet_departure
@@ -526,6 +540,8 @@ class Simulator:
             if t_arr <= t_heap:
                 # arrival: dispatch (after probes), forward, let the node side speak
                 self.now = t
+                if clock:
+                    disp.now = t
                 count += 1
                 task = Task(count, work, t, 0, batch)
                 n_sys += 1
@@ -578,6 +594,8 @@ class Simulator:
                     events -= 1  # a stale completion is no model event
                     continue
                 self.now = t
+                if clock:
+                    disp.now = t
                 node = nodes[k]
                 task = node.complete(t)
                 n_sys -= 1
@@ -598,7 +616,7 @@ class Simulator:
                     if msgs:
                         self._to_dispatcher(msgs)
                 if not ignores_done:
-                    on_done(k)
+                    on_done(k, t - task.arrived)  # forwarded at once on arrival
             if not events & 0xFFFF:
                 self._tick(t, drain_until, report)
         self.in_system, self.tot_last, self.tot_area, self.tot_area2 = n_sys, tot_last, tot_area, tot_area2

@@ -158,6 +158,7 @@ class TwinSimulator(Simulator):
         if self.slta is not None and not self.slta_all and self.slta.r != self.r:
             self._r_changes(self.now, self.slta.r)
         forward = self.task_legs[task.id][2]
+        self.forwarded[task.id] = self.now + still  # when the cluster's dispatcher forwarded it
         self._push(self.now + still + forward, _TASK_AT_NODE, task, route)
 
     def _completion(self, t: float, k: int) -> None:
@@ -180,7 +181,8 @@ class TwinSimulator(Simulator):
             self._count(m.kind)  # sent now, applied with the reply
         if msgs:
             self._to_dispatcher(msgs)
-        self._push(t + notify, _NOTIFY, (k, task.origin), ride)
+        latency = t + notify - self.forwarded.pop(task.id)  # forwarded to its answer read
+        self._push(t + notify, _NOTIFY, (k, task.origin, latency), ride)
         self._push(t + max(notify, leave), _LEAVE, k)
 
     def _heap_event(self, kind: int, a: object, b: object) -> None:
@@ -203,12 +205,12 @@ class TwinSimulator(Simulator):
             self._total_changes(self.now, -1)  # the dispatcher's answer is ready: the task leaves it
         elif kind == _NOTIFY:
             assert isinstance(a, tuple) and isinstance(b, tuple)
-            k, origin = a
+            k, origin, latency = a
             for m in b:
                 out = self.dispatchers[m.dispatcher].on_message(m)
                 if out:
                     self._to_nodes(out)
-            self.dispatchers[origin].on_task_done(k)
+            self.dispatchers[origin].on_task_done(k, latency)
         else:
             super()._heap_event(kind, a, b)
 
