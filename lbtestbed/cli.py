@@ -124,8 +124,31 @@ def _bad_input(message: str) -> int:
     return EXIT_BAD_INPUT
 
 
+def _records_file(args: argparse.Namespace) -> Any:
+    """``--records FILE`` opened for writing (None without), or a one-line reason it cannot be."""
+    if args.records is None:
+        return None
+    if args.replications > 1:
+        return "--records: the records of one run; drop --replications"
+    try:
+        return open(args.records, "w", newline="")
+    except OSError as e:
+        return f"--records {args.records}: {e.strerror or e}"
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     exp = load_spec(args.spec, args.set)  # a bad spec fails first, before the heavy imports
+    records = _records_file(args)  # a path that cannot be written fails before the simulation
+    if isinstance(records, str):
+        return _bad_input(records)
+    try:
+        return _simulate(exp, args, records)
+    finally:
+        if records is not None:
+            records.close()
+
+
+def _simulate(exp: Experiment, args: argparse.Namespace, records: Any) -> int:
 
     from lbtestbed.analysis.results.result import summarize
     from lbtestbed.analysis.results.tables import render
@@ -136,7 +159,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if k == 1:
         bar = None if args.quiet else Progress(f"{exp.name}: simulated", 1.0, "of model time", rate=False)
         try:
-            raws = [simulate_once(exp, 0, None if bar is None else bar.update)]
+            if records is not None:  # the pure-Python engine's general loop, recording every task
+                from lbtestbed.analysis.simulator.records import simulate_with_records
+
+                raws = [simulate_with_records(exp, records, 0, None if bar is None else bar.update)]
+            else:
+                raws = [simulate_once(exp, 0, None if bar is None else bar.update)]
             if bar is not None:
                 bar.update(1.0)
         finally:
@@ -633,6 +661,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.cpu_count() or 1,
         metavar="J",
         help="processes for replications (default: the number of cores)",
+    )
+    sim.add_argument(
+        "--records",
+        metavar="FILE",
+        help="also write one CSV row per task: arrival, dispatcher, routing time and rule, node, node "
+        "arrival, service start, departure, sojourn, work, outcome (model seconds, exact; docs/spec.md, "
+        "Per-task records); one replication only",
     )
     _add_overrides(sim)
     sim.add_argument("--quiet", action="store_true", help="no progress on stderr")

@@ -1,7 +1,8 @@
 """The discrete-event simulator (``engine``) and its opt-in mypyc build (``compiled``).
 
 ``simulate_once`` is what every command calls: the pure-Python engine, or the compiled copy when
-``LBT_SIMULATOR=compiled`` asks for it and the build is current (the same result, faster).
+``LBT_SIMULATOR=compiled`` asks for it and the build is current (the same result, faster). ``records``:
+the same run keeping a record of every task (``lbt simulate --records``).
 """
 
 from __future__ import annotations
