@@ -961,11 +961,12 @@ def test_simulate_only_sweep_end_to_end(
     assert len(table_rows) == 4
     assert_png(out / "tradeoff.png")
     (ax,) = spy.figures["tradeoff.png"]
-    assert ax["xlabel"] and ax["ylabel"] == "utility per node" and sorted(ax["legend"]) == ["jlmu", "slta"]
+    assert ax["xlabel"] and ax["ylabel"] == "utility per node"
+    assert ax["legend"] == ["jlmu", "slta", "load=1.5", "load=2.5"]  # colour per policy, marker per load
     # the numeric setting swept gets its own plot, a line per policy; the policy name does not
     assert_png(out / "against_workload_load.png")
     (ax,) = spy.figures["against_workload_load.png"]
-    assert ax["xlabel"] == "workload.load" and sorted(ax["legend"]) == ["jlmu", "slta"]
+    assert ax["xlabel"].startswith("workload.load") and sorted(ax["legend"]) == ["jlmu", "slta"]
     assert "against_policy_name.png" not in spy.figures
     assert "![against_workload_load](against_workload_load.png)" in md
     assert str(out / "sweep.md") in stdout and "against_workload_load.png" in stdout
@@ -1028,7 +1029,10 @@ def test_comparison_rows_have_every_metric_and_mark_limits() -> None:
         "verdict",
     ]
     names = [r[0] for r in rows[1:]]
-    assert sorted(names) == sorted([*SCALARS_BY_HAND, "occupancy_tail[fast]", "occupancy_tail[slow]"])
+    # a tail's row names the level j at which every source's value is shown: its worst point's
+    assert sorted(names) == sorted(
+        [*SCALARS_BY_HAND, "occupancy_tail[fast] at j=1", "occupancy_tail[slow] at j=1"]
+    )
     by = {r[0]: r for r in rows[1:]}
     assert all(len(r) == 8 for r in rows)
     se = 0.5 / (0.1 / Z95)  # sojourn_p99 against the simulation: 0.5 apart, combined half-width .1
@@ -1038,7 +1042,7 @@ def test_comparison_rows_have_every_metric_and_mark_limits() -> None:
     assert by["mean_sojourn"][7] == f"(disagrees ({0.5 / (0.06 / Z95):.1f} se), limit)"
     assert by["mean_sojourn"][2].startswith("2 ± 0.06")
     assert by["slta_r"][6:] == ["-", "-"]  # theory has no value: no verdict
-    assert by["occupancy_tail[fast]"][5] == "agrees"
+    assert by["occupancy_tail[fast] at j=1"][5] == "agrees"
     assert rep.agrees is False
     # without the limit note the theory's verdict is plain
     plain = {r[0]: r for r in report.comparison_rows(run_report(limit=False))[1:]}
@@ -1078,8 +1082,13 @@ def test_headline_agrees_when_nothing_that_counts_disagrees() -> None:
     rep = run_report()
     rep.verdicts = [v for v in rep.verdicts if v.metric != "sojourn_p99"]
     counted = sum(1 for v in rep.verdicts if v.counts and v.agrees)
+    # by hand: against the simulation the 10 scalars left and the 2 tails; against the theory those scalars
+    # but mean_sojourn (a limit) and slta_r (no value), and the tail "fast" ("slow" has no theory points)
+    assert counted == 12 + 9
     assert report.headline(rep) == (
-        f"AGREES: all {counted} comparisons with the simulation and theory agree (within their 95% intervals)"
+        "AGREES: all 21 comparisons that decide agree: 12 metrics cluster vs simulation (within their 95% "
+        "intervals), 9 metrics cluster vs theory (the theory's exact and finite-n values, within their "
+        "stated error)"
     )
     assert report.terminal(rep).splitlines()[-1] == report.headline(rep)
 
@@ -1139,7 +1148,7 @@ def test_every_plot_writes_a_labelled_png(tmp_path: Path, monkeypatch: pytest.Mo
     bounded = result("theory")
     bounded.extras["bounds"] = {"utility_upper": 1.0, "utility_poisson_jensen": 0.95}
     written = [
-        plots.occupancy_tail(tmp_path, results),
+        plots.occupancy_tail(tmp_path, results, run="r"),
         plots.over_time(
             tmp_path,
             2.0,
@@ -1149,13 +1158,18 @@ def test_every_plot_writes_a_labelled_png(tmp_path: Path, monkeypatch: pytest.Mo
                 "simulation": raw_run([1.2, 1.4], "tasks_in_system"),
             },
             rep.theory,
+            run="r",
         ),
-        plots.over_time(pools, 2.0, 6.0, {"cluster": raw_run([0.8, 0.9], "utility")}, bounded),
+        plots.over_time(pools, 2.0, 6.0, {"cluster": raw_run([0.8, 0.9], "utility")}, bounded, run="r"),
         plots.slta_r(
-            tmp_path, [(2.0, 3.0), (4.0, 4.0)], RawRun(batches=2, r_series=[(2.5, 3), (5.0, 4)]), rep.theory
+            tmp_path,
+            [(2.0, 3.0), (4.0, 4.0)],
+            RawRun(batches=2, r_series=[(2.5, 3), (5.0, 4)]),
+            rep.theory,
+            run="r",
         ),
-        plots.messages(tmp_path, results),
-        plots.sojourn(tmp_path, {"cluster": [0.5, 1.0, 2.0], "simulation": [0.4, 1.1]}, rep.theory),
+        plots.messages(tmp_path, results, run="r"),
+        plots.sojourn(tmp_path, {"cluster": [0.5, 1.0, 2.0], "simulation": [0.4, 1.1]}, rep.theory, run="r"),
     ]
     names = [
         "occupancy_tail.png",
@@ -1181,9 +1195,9 @@ def test_plots_that_do_not_apply_return_none(tmp_path: Path) -> None:
         {"servers": tail((0.5, 0.01))},
         messages_per_task={"value": 0.0, "ci95": 0.0, "by_kind": {}},
     )
-    assert plots.messages(tmp_path, [quiet]) is None
-    assert plots.sojourn(tmp_path, {"cluster": [], "simulation": []}, None) is None
-    assert plots.slta_r(tmp_path, [], RawRun(batches=2), None) is None
+    assert plots.messages(tmp_path, [quiet], run="r") is None
+    assert plots.sojourn(tmp_path, {"cluster": [], "simulation": []}, None, run="r") is None
+    assert plots.slta_r(tmp_path, [], RawRun(batches=2), None, run="r") is None
     assert list(tmp_path.iterdir()) == []
 
 

@@ -162,6 +162,8 @@ def _cell(m: dict[str, Any]) -> str:
     v, ci = m.get("value"), m.get("ci95")
     if v is None:
         return "-"
+    if ci == 0:  # every batch (or replication) the same: no "± 0"
+        return f"{v:.4g} (no spread)"
     return f"{v:.4g}" if ci is None else f"{v:.4g} ± {ci:.2g}"
 
 

@@ -6,6 +6,7 @@ writes one file and returns its path, or None when the plot does not apply to th
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,8 +17,37 @@ from lbtestbed.analysis.results.raw import RawRun
 from lbtestbed.analysis.results.result import Result
 
 COLORS = {"cluster": "tab:blue", "twin": "tab:green", "simulation": "tab:orange", "theory": "black"}
-#: the twin lies on the cluster where the emulation is faithful: dashed, so that both show
-LINES = {"twin": "--"}
+#: how each source is drawn, so that sources lying on one another stay apart: the cluster wide and solid
+#: underneath, the twin dashed with hollow squares, the simulation dotted with triangles
+STYLES: dict[str, dict[str, Any]] = {
+    "cluster": {"linestyle": "-", "marker": "o", "lw": 2.6, "ms": 6, "alpha": 0.75},
+    "twin": {"linestyle": "--", "marker": "s", "lw": 1.4, "ms": 6, "mfc": "none", "mew": 1.3},
+    "simulation": {"linestyle": ":", "marker": "^", "lw": 1.8, "ms": 5},
+}
+#: sideways offsets (in units of the spacing of the x values) of the sources' points, so that equal
+#: values do not hide one another's markers and intervals
+OFFSETS = {"cluster": -0.08, "twin": 0.0, "simulation": 0.08}
+#: the markers of a sweep's settings (beyond them its points are labelled in the plot)
+MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "h", "<", ">")
+#: values spanning at least this ratio get a log axis
+DECADE_RATIO = 10.0
+
+
+def style(source: str, lines: bool = True, markers: bool = True) -> dict[str, Any]:
+    """Keyword arguments for matplotlib drawing ``source`` (colour, line style and width, marker)."""
+    out: dict[str, Any] = {"color": COLORS.get(source, "gray"), **STYLES.get(source, {})}
+    if not markers:
+        out = {k: v for k, v in out.items() if k not in ("marker", "ms", "mfc", "mew")}
+    if not lines:
+        out["linestyle"] = "none"
+    return out
+
+
+def run_title(name: str, policy: str, dispatchers: int = 1) -> str:
+    """What every plot's title says first: the run's name, the policy and, when several ran, how many
+    dispatchers."""
+    text = f"{name} · policy={policy}"
+    return text if dispatchers == 1 else f"{text} · dispatchers={dispatchers}"
 
 
 def _pyplot() -> Any:
@@ -29,41 +59,109 @@ def _pyplot() -> Any:
     return plt
 
 
+def _title(fig: Any, run: str) -> None:
+    fig.suptitle(run, fontsize=11, fontweight="bold")
+
+
 def _save(fig: Any, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # legends beside the axes included
     _pyplot().close(fig)
     return path
 
 
-def occupancy_tail(directory: Path, results: Sequence[Result]) -> Path:
-    """Fraction of each class's nodes holding at least j tasks, log scale, one panel per class."""
+def _spans_decades(values: Sequence[float]) -> bool:
+    """Positive values whose largest is at least DECADE_RATIO times the smallest: a log axis shows them."""
+    v = [x for x in values if x is not None and np.isfinite(x)]
+    return bool(v) and min(v) > 0 and max(v) >= DECADE_RATIO * min(v)
+
+
+def _log_axis(axis: Any, low: float, high: float) -> None:
+    """Ticks a reader can use on a log axis from ``low`` to ``high``: 1-2-5 steps written as plain numbers
+    when it spans fewer than three decades (matplotlib would label one or two powers of ten), powers of
+    ten otherwise."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
+
+    if high / low >= 1000.0:
+        return
+    ticks = [
+        m * 10.0**e
+        for e in range(int(np.floor(np.log10(low))), int(np.ceil(np.log10(high))) + 1)
+        for m in (1, 2, 5)
+        if low <= m * 10.0**e <= high
+    ]
+    axis.set_major_locator(FixedLocator(ticks))
+    axis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _tail_arrays(tail: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    j = np.arange(len(tail))
+    v = np.array([np.nan if e["value"] is None else e["value"] for e in tail], float)
+    ci = np.array([e.get("ci95") or 0.0 for e in tail], float)
+    return j, v, ci
+
+
+def occupancy_tail(directory: Path, results: Sequence[Result], *, run: str) -> Path:
+    """Fraction of each class's nodes holding at least j tasks, log scale, one panel per class: the
+    measured sources with 95% intervals (each with its own marker and line, a little apart sideways), the
+    theory as a dashed staircase that drops to the axis floor where it is zero (a log axis has no 0)."""
     plt = _pyplot()
+    from matplotlib.ticker import MaxNLocator
+
     names = list(results[0].metrics["occupancy_tail"])
-    fig, axes = plt.subplots(1, len(names), figsize=(5.2 * len(names), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(names), figsize=(5.4 * len(names), 4.4), squeeze=False)
+    theory = next((r for r in results if r.source == "theory"), None)
     for ax, name in zip(axes[0], names, strict=True):
+        drawn: list[float] = []  # every positive value and interval end drawn: the axis floor goes below
+        last = 1
         for res in results:
             tail = (res.metrics["occupancy_tail"] or {}).get(name)
-            if not tail:
+            if res.source == "theory" or not tail:
                 continue
-            j = np.arange(len(tail))
-            v = np.array([np.nan if e["value"] is None else e["value"] for e in tail], float)
-            ci = np.array([e.get("ci95") or 0.0 for e in tail], float)
+            j, v, ci = _tail_arrays(tail)
             keep = (j >= 1) & (v > 0)
-            style = {"color": COLORS.get(res.source, "gray"), "label": res.source}
-            if res.source == "theory":
-                ax.step(j[keep], v[keep], where="mid", linestyle="--", **style)
-            else:
-                low = np.minimum(ci[keep], 0.9 * v[keep])  # a log axis cannot show an interval below 0
-                yerr = np.vstack([low, ci[keep]])
-                line = LINES.get(res.source, "-")
-                ax.errorbar(j[keep], v[keep], yerr=yerr, marker="o", ms=3, capsize=2, linestyle=line, **style)
+            low = np.minimum(ci[keep], 0.9 * v[keep])  # a log axis cannot show an interval below 0
+            x = j[keep] + OFFSETS.get(res.source, 0.0)
+            ax.errorbar(
+                x, v[keep], yerr=np.vstack([low, ci[keep]]), capsize=2, label=res.source, **style(res.source)
+            )
+            drawn += [*v[keep], *(v[keep] - low)]
+            last = max(last, int(j[keep].max(initial=1)))
+        tail = ((theory.metrics["occupancy_tail"] or {}).get(name) if theory is not None else None) or []
+        if len(tail) > 1:
+            j, v, _ = _tail_arrays(tail)
+            zero = next((k for k in range(1, len(v)) if not v[k] > 0), len(v))  # theory's first 0
+            drawn += [x for x in v[1:zero] if x > 0]
+            last = max(last, zero)
+        positive = [x for x in drawn if x > 0]
+        floor = 10.0 ** np.floor(np.log10(min(positive) * 0.8)) if positive else 1e-3
+        if len(tail) > 1:
+            regime = tail[0].get("regime")
+            label = f"theory ({regime})" if regime else "theory"
+            # a staircase centred on each j, dropping to the floor at the theory's first zero
+            edges = np.arange(0.5, zero + 1.0)
+            ax.stairs([*v[1:zero], floor], edges, baseline=None, color="black", ls="--", lw=1.3, label=label)
+            ax.plot(
+                [zero],
+                [floor],
+                "v",
+                color="black",
+                ms=8,
+                clip_on=False,
+                label=f"theory: 0 from j = {zero} on (drawn at the floor)",
+            )
         ax.set_yscale("log")
+        ax.set_ylim(floor, 1.3)
+        _log_axis(ax.yaxis, floor, 1.3)
+        ax.set_xlim(0.5, last + 0.5)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("j (tasks at a node)")
         ax.set_ylabel("fraction of nodes with ≥ j tasks")
-        ax.set_title(f"occupancy tail, class {name}")
+        ax.set_title(f"occupancy tail, class {name}", fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
+        ax.legend(loc="lower left", fontsize=8, framealpha=0.9)
+    _title(fig, run)
     return _save(fig, directory / "occupancy_tail.png")
 
 
@@ -82,12 +180,15 @@ def over_time(
     raws: dict[str, RawRun],
     theory: Result | None,
     batches: int | None = None,
+    *,
+    run: str,
 ) -> Path:
     """Utility per node batch by batch with its bounds (pools), or tasks in the system (queues);
-    ``batches``: how many the window has (a run with faults keeps only some)."""
+    ``batches``: how many the window has (a run with faults keeps only some). The legend sits beside the
+    plot, off the lines and the bounds."""
     plt = _pyplot()
     key = "utility" if all("utility" in r.ratios for r in raws.values()) else "tasks_in_system"
-    fig, ax = plt.subplots(figsize=(7.5, 4))
+    fig, ax = plt.subplots(figsize=(9.5, 4.2))
     for source, raw in raws.items():
         y = _batch_series(raw, key)
         if y is None:
@@ -98,8 +199,8 @@ def over_time(
             full = np.full(B, np.nan)
             full[np.array(raw.batch_of)] = y
             y = full
-        t = warmup + duration * (np.arange(B) + 0.5) / B
-        ax.plot(t, y, marker="o", ms=3, color=COLORS.get(source), label=f"{source} (batch means)")
+        t = warmup + duration * (np.arange(B) + 0.5 + OFFSETS.get(source, 0.0)) / B
+        ax.plot(t, y, label=f"{source} (batch means)", **style(source))
     bounds = (theory.extras.get("bounds") if theory is not None else None) or {}
     if key == "utility":
         if bounds.get("utility_upper") is not None:
@@ -108,105 +209,159 @@ def over_time(
             ax.axhline(
                 bounds["utility_poisson_jensen"],
                 color="gray",
-                linestyle=":",
+                linestyle="-.",
                 label="Poisson-Jensen bound (finite n)",
             )
         ax.set_ylabel("utility per node")
-        ax.set_title("utility over time against its bound")
+        ax.set_title("utility over time against its bound", fontsize=10)
     else:
         value = theory.value("tasks_in_system") if theory is not None else None
         if value is not None:
             ax.axhline(value, color="black", linestyle="--", label="theory")
         ax.set_ylabel("tasks in the system")
-        ax.set_title("tasks in the system over time")
+        ax.set_title("tasks in the system over time", fontsize=10)
     ax.set_xlabel("model time (s)")
     ax.grid(True, alpha=0.3)
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)  # beside: off the bound lines
+    _title(fig, run)
     return _save(fig, directory / "over_time.png")
 
 
 def slta_r(
-    directory: Path, cluster_series: Sequence[tuple[float, float]], sim: RawRun | None, theory: Result | None
+    directory: Path,
+    cluster_series: Sequence[tuple[float, float]],
+    sim: RawRun | None,
+    theory: Result | None,
+    *,
+    run: str,
 ) -> Path | None:
     """SLTA's learned index r over model time: the cluster's sampled gauge and the simulator's path."""
     if not cluster_series and (sim is None or not sim.r_series):
         return None
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 4))
+    from matplotlib.ticker import MaxNLocator
+
+    fig, ax = plt.subplots(figsize=(9.5, 4.2))
     if cluster_series:
         t, r = zip(*cluster_series, strict=True)
-        ax.step(t, r, where="post", color=COLORS["cluster"], label="cluster (sampled)")
+        ax.step(t, r, where="post", label="cluster (sampled)", **style("cluster", markers=False))
     if sim is not None and sim.r_series:
         t, r = zip(*sim.r_series, strict=True)
-        ax.step(t, r, where="post", color=COLORS["simulation"], label="simulation")
+        ax.step(t, r, where="post", label="simulation", **style("simulation", markers=False))
     r_star = theory.value("slta_r") if theory is not None else None
     if r_star is not None:
         ax.axhline(r_star, color="black", linestyle="--", label="r* (theory)")
     ax.set_xlabel("model time (s)")
     ax.set_ylabel("r (learned threshold index)")
-    ax.set_title("SLTA's r over time")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_title("SLTA's r over time", fontsize=10)
     ax.grid(True, alpha=0.3)
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    _title(fig, run)
     return _save(fig, directory / "slta_r.png")
 
 
-def messages(directory: Path, results: Sequence[Result]) -> Path | None:
+def messages(directory: Path, results: Sequence[Result], *, run: str) -> Path | None:
     """Messages per task by kind, one bar per source, with 95% intervals."""
     kinds = list(results[0].metrics["messages_per_task"].get("by_kind") or {})
     if not kinds:
         return None
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.6 * len(kinds) + 2), 4))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(kinds) + 2), 4.2))
     shown = [r for r in results if r.metrics["messages_per_task"].get("by_kind")]
     width = 0.8 / max(len(shown), 1)
     x = np.arange(len(kinds))
+    hatches = {"twin": "//", "simulation": ".."}
     for i, res in enumerate(shown):
         by_kind = res.metrics["messages_per_task"]["by_kind"]
         cis = res.metrics["messages_per_task"].get("by_kind_ci95") or {}
         v = [by_kind.get(k) or 0.0 for k in kinds]
         e = [cis.get(k) or 0.0 for k in kinds]
-        ax.bar(x + i * width, v, width, yerr=e, capsize=3, color=COLORS.get(res.source), label=res.source)
+        ax.bar(
+            x + i * width,
+            v,
+            width,
+            yerr=e,
+            capsize=3,
+            color=COLORS.get(res.source),
+            hatch=hatches.get(res.source),
+            edgecolor="white",
+            label=res.source,
+        )
     ax.set_xticks(x + width * (len(shown) - 1) / 2, kinds)
     ax.set_xlabel("message kind")
     ax.set_ylabel("messages per task")
-    ax.set_title("what the policy costs in messages")
+    ax.set_title("what the policy costs in messages", fontsize=10)
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend()
+    _title(fig, run)
     return _save(fig, directory / "messages.png")
 
 
-def sojourn(directory: Path, samples: Mapping[str, Sequence[float]], theory: Result | None) -> Path | None:
-    """Complementary distribution of the sojourn time (model seconds), log scale."""
+def sojourn(
+    directory: Path, samples: Mapping[str, Sequence[float]], theory: Result | None, *, run: str
+) -> Path | None:
+    """Complementary distribution of the sojourn time (model seconds), log scale, with the theory's p50 and
+    p99 where it has them (none in the legend where it has none)."""
     if not any(len(s) for s in samples.values()):
         return None
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 4))
-    for source, s in samples.items():
+    fig, ax = plt.subplots(figsize=(9.5, 4.2))
+    for i, (source, s) in enumerate(samples.items()):
         if not len(s):
             continue
         x = np.sort(np.asarray(s, float))
         p = 1.0 - np.arange(1, len(x) + 1) / len(x)  # P(S > x) just after each sorted sample
-        ax.step(
-            x,
-            p,
-            where="post",
-            color=COLORS.get(source),
-            linestyle=LINES.get(source, "-"),
-            label=f"{source} ({len(x)} tasks)",
-        )
-    if theory is not None:
-        for q, key in ((0.5, "sojourn_p50"), (0.01, "sojourn_p99")):
-            v = theory.value(key)
-            if v is not None:
-                ax.plot([v], [q], "kx", ms=8)
-        ax.plot([], [], "kx", label="theory p50 / p99")
+        # markers every half decade of P, each source at its own phase: curves lying on one another still
+        # show one marker of each source
+        levels = 10.0 ** -(np.arange(0.25 + i / 6, np.log10(len(x)), 0.5))
+        marks = sorted({min(len(x) - 1, int((1.0 - q) * len(x))) for q in levels})
+        ax.step(x, p, where="post", markevery=marks, label=f"{source} ({len(x)} tasks)", **style(source))
+    for q, key, marker in ((0.5, "sojourn_p50", "x"), (0.01, "sojourn_p99", "+")):
+        v = theory.value(key) if theory is not None else None
+        if v is not None:
+            regime = theory.metrics[key].get("regime") if theory is not None else None
+            what = f" ({regime})" if regime else ""
+            ax.plot(
+                [v],
+                [q],
+                marker,
+                color="black",
+                ms=10,
+                mew=2,
+                linestyle="none",
+                label=f"theory {key[-3:]}{what}",
+            )
     ax.set_yscale("log")
     ax.set_xlabel("sojourn time (model s)")
     ax.set_ylabel("P(sojourn > x)")
-    ax.set_title("sojourn time distribution")
+    ax.set_title("sojourn time distribution", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    _title(fig, run)
     return _save(fig, directory / "sojourn.png")
+
+
+def sweep_title(points: Sequence[tuple[dict[str, str], Result]], policy_key: str) -> str:
+    """A sweep's plots' title: the spec's name, the policies in the order swept, the dispatchers when more
+    than one ran somewhere, and the source of the values."""
+    results = [r for _, r in points]
+    names = list(dict.fromkeys(r.name for r in results))
+    policies = list(dict.fromkeys(s.get(policy_key, r.policy) for s, r in points))
+    ks = list(dict.fromkeys((r.context.get("settings") or {}).get("dispatchers", 1) for r in results))
+    text = f"{' / '.join(names)} · policy={', '.join(policies)}"
+    if any(k != 1 for k in ks):
+        text += f" · dispatchers={','.join(str(k) for k in ks)}"
+    return f"{text} ({results[0].source})"
+
+
+def _groups(
+    points: Sequence[tuple[dict[str, str], Result]], policy_key: str
+) -> dict[str, list[tuple[dict[str, str], Result]]]:
+    groups: dict[str, list[tuple[dict[str, str], Result]]] = {}
+    for settings, result in points:
+        groups.setdefault(settings.get(policy_key, result.policy), []).append((settings, result))
+    return groups
 
 
 def tradeoff(
@@ -216,16 +371,25 @@ def tradeoff(
     label: Callable[[dict[str, str]], str],
 ) -> Path:
     """Messages per task against mean sojourn (utility for pools): one point per policy and setting, with
-    95% intervals both ways, labelled with the other settings. Points without a value are left out."""
+    95% intervals both ways. The colour is the policy, the marker the other settings (both in the legend,
+    so no label overprints another); a log y axis when the values span a decade or more. Points without a
+    value are left out."""
     plt = _pyplot()
+    from matplotlib.lines import Line2D
+
     pools = all(r.metrics["utility"].get("value") is not None for _, r in points)
     y_key = "utility" if pools else "mean_sojourn"
     others = [k for k in points[0][0] if k != policy_key]
-    fig, ax = plt.subplots(figsize=(7.5, 5))
-    groups: dict[str, list[tuple[dict[str, str], Result]]] = {}
-    for settings, result in points:
-        groups.setdefault(settings.get(policy_key, result.policy), []).append((settings, result))
-    for policy, members in groups.items():
+    combos = list(dict.fromkeys(label({k: s[k] for k in others}) for s, _ in points)) if others else []
+    marker_of = {c: MARKERS[i] for i, c in enumerate(combos)} if len(combos) <= len(MARKERS) else {}
+    fig, ax = plt.subplots(figsize=(9.5, 5.2))
+    ys_all: list[float] = []
+    policy_handles = []
+    groups = _groups(points, policy_key)
+    x_all = [r.metrics["messages_per_task"]["value"] or 0.0 for _, r in points]
+    span = (max(x_all) - min(x_all)) or 1.0
+    for i, (policy, members) in enumerate(groups.items()):
+        color = f"C{i % 10}"
         shown = [
             (s, r)
             for s, r in members
@@ -233,20 +397,54 @@ def tradeoff(
         ]
         if not shown:
             continue
-        xs = [r.metrics["messages_per_task"]["value"] for _, r in shown]
+        # policies a little apart sideways (1% of the x range each): equal message counts (0 for every
+        # policy that sends none) do not put one policy's points and intervals on another's
+        shift = (i - (len(groups) - 1) / 2) * 0.01 * span
+        xs = [r.metrics["messages_per_task"]["value"] + shift for _, r in shown]
         ys = [r.metrics[y_key]["value"] for _, r in shown]
         xe = [r.metrics["messages_per_task"].get("ci95") or 0.0 for _, r in shown]
         ye = [r.metrics[y_key].get("ci95") or 0.0 for _, r in shown]
-        ax.errorbar(xs, ys, xerr=xe, yerr=ye, marker="o", linestyle="-", capsize=2, label=policy)
-        for (s, _), x, y in zip(shown, xs, ys, strict=True):
-            if others:
-                text = label({k: s[k] for k in others})
-                ax.annotate(text, (x, y), fontsize=7, xytext=(4, 4), textcoords="offset points")
-    ax.set_xlabel("state messages per task")
+        ys_all += ys
+        ax.plot(xs, ys, color=color, lw=1, alpha=0.6)
+        policy_handles.append(Line2D([], [], color=color, marker="o", label=policy))
+        for k, ((s, _), x, y) in enumerate(zip(shown, xs, ys, strict=True)):
+            combo = label({o: s[o] for o in others}) if others else ""
+            ax.errorbar(
+                [x],
+                [y],
+                xerr=[xe[k]],
+                yerr=[ye[k]],
+                color=color,
+                marker=marker_of.get(combo, "o"),
+                ms=7,
+                capsize=2,
+                linestyle="none",
+            )
+            if combo and not marker_of:  # too many settings for markers: labels, alternately placed
+                dx, dy = ((6, 6), (6, -12), (-6, 6), (-6, -12))[k % 4]
+                ha = "left" if dx > 0 else "right"
+                ax.annotate(combo, (x, y), fontsize=7, xytext=(dx, dy), textcoords="offset points", ha=ha)
+    if _spans_decades(ys_all):
+        ax.set_yscale("log")
+        _log_axis(ax.yaxis, min(ys_all) / 1.3, max(ys_all) * 1.3)
+    ax.set_xlabel("state messages per task (policies drawn 1% of the range apart)")
     ax.set_ylabel("utility per node" if pools else "mean sojourn (model s)")
-    ax.set_title(f"what each policy buys with its messages ({points[0][1].source})")
-    ax.grid(True, alpha=0.3)
-    ax.legend(title="policy")
+    ax.set_title("what each policy buys with its messages", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    # one legend (matplotlib lays out one beside the axes): the policies' colours, then the settings'
+    # markers
+    setting_handles = [
+        Line2D([], [], color="gray", marker=m, linestyle="none", label=c) for c, m in marker_of.items()
+    ]
+    ax.legend(
+        handles=policy_handles + setting_handles,
+        title="colour: policy, marker: setting" if setting_handles else "policy",
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        fontsize=8,
+        title_fontsize=8,
+    )
+    _title(fig, sweep_title(points, policy_key))
     return _save(fig, directory / "tradeoff.png")
 
 
@@ -257,7 +455,9 @@ def against(
     policy_key: str,
 ) -> Path | None:
     """Mean sojourn (utility for pools) against the numeric setting ``key`` (the number of dispatchers, a
-    load), one line per policy, with 95% intervals; None when ``key``'s values are not all numbers."""
+    load), one line per policy with its own marker and line style (a little apart sideways, so that equal
+    curves both show), with 95% intervals; a log y axis when the values span a decade or more. None when
+    ``key``'s values are not all numbers."""
     try:
         xs_all = [float(s[key]) for s, _ in points]
     except (KeyError, ValueError):
@@ -265,24 +465,43 @@ def against(
     plt = _pyplot()
     pools = all(r.metrics["utility"].get("value") is not None for _, r in points)
     y_key = "utility" if pools else "mean_sojourn"
-    fig, ax = plt.subplots(figsize=(7.5, 5))
-    groups: dict[str, list[tuple[float, Result]]] = {}
-    for (settings, result), x in zip(points, xs_all, strict=True):
-        groups.setdefault(settings.get(policy_key, result.policy), []).append((x, result))
-    for policy, members in groups.items():
-        shown = sorted((x, r) for x, r in members if r.metrics[y_key]["value"] is not None)
+    log_x = key == "policy.dispatchers"
+    levels = sorted(set(xs_all))
+    step = min((b - a for a, b in itertools.pairwise(levels)), default=1.0)
+    fig, ax = plt.subplots(figsize=(9.5, 5.2))
+    groups = _groups(points, policy_key)
+    ys_all: list[float] = []
+    lines = ("-", "--", ":", "-.")
+    for i, (policy, members) in enumerate(groups.items()):
+        shift = (i - (len(groups) - 1) / 2) * 0.06  # in units of the spacing of the x values
+        shown = sorted((float(s[key]), r) for s, r in members if r.metrics[y_key]["value"] is not None)
         if shown:
+            xs = [x * 2.0**shift if log_x else x + shift * step for x, _ in shown]
             ys = [r.metrics[y_key]["value"] for _, r in shown]
             ye = [r.metrics[y_key].get("ci95") or 0.0 for _, r in shown]
-            ax.errorbar([x for x, _ in shown], ys, yerr=ye, marker="o", capsize=2, label=policy)
-    if key == "policy.dispatchers":
+            ys_all += ys
+            ax.errorbar(
+                xs,
+                ys,
+                yerr=ye,
+                marker=MARKERS[i % len(MARKERS)],
+                linestyle=lines[i % len(lines)],
+                capsize=2,
+                label=policy,
+                color=f"C{i % 10}",
+            )
+    if log_x:
         ax.set_xscale("log", base=2)
-        ax.set_xticks(sorted(set(xs_all)), [f"{x:g}" for x in sorted(set(xs_all))])
-    ax.set_xlabel(key)
+        ax.set_xticks(levels, [f"{x:g}" for x in levels])
+    if _spans_decades(ys_all):
+        ax.set_yscale("log")
+        _log_axis(ax.yaxis, min(ys_all) / 1.3, max(ys_all) * 1.3)
+    ax.set_xlabel(f"{key} (policies drawn a little apart)")
     ax.set_ylabel("utility per node" if pools else "mean sojourn (model s)")
-    ax.set_title(f"{y_key.replace('_', ' ')} against {key} ({points[0][1].source})")
-    ax.grid(True, alpha=0.3)
-    ax.legend(title="policy")
+    ax.set_title(f"{y_key.replace('_', ' ')} against {key}", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(title="policy", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    _title(fig, sweep_title(points, policy_key))
     return _save(fig, directory / f"against_{key.replace('.', '_')}.png")
 
 
@@ -293,6 +512,8 @@ def fault_timeline(
     failures: Sequence[tuple[float, str, int]],
     actions: Sequence[Mapping[str, Any]],
     events: Sequence[Mapping[str, Any]],
+    *,
+    run: str,
 ) -> Path:
     """Tasks per model second by intended arrival time: completed (all, and at each faulty process's
     nodes) and not completed, with the fault windows shaded and the dispatchers' down/up marked."""
@@ -334,7 +555,8 @@ def fault_timeline(
     ax.plot([], [], color="tab:green", linestyle=":", lw=1, label="back up")
     ax.set_xlabel("model time of arrival (s)")
     ax.set_ylabel("tasks per model second")
-    ax.set_title("faults: routing and outcomes over time")
+    ax.set_title("faults: routing and outcomes over time", fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside: the lines fill the box
+    _title(fig, run)
     return _save(fig, directory / "faults.png")

@@ -29,12 +29,14 @@ UNITS = {
     "mean_tasks_per_node": "tasks",
     "tasks_in_system": "tasks",
     "utility": "per node",
-    "wait_probability": "",
+    "wait_probability": "probability",
     "idle_capacity": "speed units",
     "idle_nodes": "nodes",
     "messages_per_task": "msgs/task",
     "slta_r": "index",
 }
+#: the unit of every occupancy_tail[<class>] row: a fraction of the class's nodes
+TAIL_UNIT = "fraction"
 
 
 @dataclass
@@ -121,21 +123,31 @@ def build(
 
 
 def _num(v: float | None, ci: float | None = None) -> str:
+    """A value with its 95% interval; a zero-width interval (every batch gave the same value) says so
+    rather than print ``± 0``."""
     if v is None:
         return "-"
     text = f"{v:.5g}"
-    return text if ci is None else f"{text} ± {ci:.2g}"
+    if ci is None:
+        return text
+    return f"{text} (all batches)" if ci == 0 else f"{text} ± {ci:.2g}"
 
 
 def _gap(v: Verdict | None) -> str:
     """A paired verdict's gap: relative on the log scale, else the difference, with its interval."""
     if v is None or v.agrees is None:
         return "-"
+    if v.difference == 0 and not v.difference_ci95 and not v.relative_ci95:
+        return "0 (all batches)"
     if v.relative is not None:
+        if v.relative_ci95 == 0:
+            return f"{100 * v.relative:+.2g}% (all batches)"
         ci = "" if v.relative_ci95 is None else f" ± {100 * v.relative_ci95:.2g}%"
         return f"{100 * v.relative:+.2g}%{ci}"
     if v.difference is None:
         return "-"
+    if v.difference_ci95 == 0:
+        return f"{v.difference:+.3g} (all batches)"
     ci = "" if v.difference_ci95 is None else f" ± {v.difference_ci95:.2g}"
     return f"{v.difference:+.3g}{ci}"
 
@@ -146,9 +158,29 @@ def _word(v: Verdict | None) -> str:
     return v.word if v.counts or v.agrees is None else f"({v.word})"
 
 
+def _theory_word(v: Verdict | None) -> str:
+    if v is None:
+        return "-"
+    word = v.word if v.counts or v.agrees is None else f"({v.word}, info)"
+    if "limit" in v.why and v.agrees is not None:
+        word = f"({v.word}, limit)"
+    return word
+
+
+def _at(v: Verdict | None, j: int | None, cell: str) -> str:
+    """A tail verdict's cell in the row of level j: its own where its worst point is at j, else where to
+    look (every verdict of a tail is shown once, in the row of its worst level)."""
+    if v is None or j is None or v.worst_j is None or v.worst_j == j:
+        return cell
+    return f"see j={v.worst_j}"
+
+
 def comparison_rows(rep: RunReport) -> list[list[str]]:
     """One row per metric. With a twin: cluster, twin, the paired gap and its verdict, the simulation and
-    the network's cost (twin against simulation), theory. Without: cluster, simulation, verdict, theory."""
+    the network's cost (twin against simulation), theory. Without: cluster, simulation, verdict, theory.
+    An occupancy tail is compared at every level and shown at the worst one, ``occupancy_tail[c] at j=J``,
+    every source's value at that J: one row per distinct worst level of its comparisons, each verdict in
+    the row of its own."""
     twin = rep.twin is not None
     if twin:
         head = ["metric", "unit", "cluster", "twin", "cluster-twin", "verdict", "simulation", "net cost"]
@@ -165,30 +197,36 @@ def comparison_rows(rep: RunReport) -> list[list[str]]:
         )
         known = [v for v in (main, sim, theory) if v is not None]
         tail = metric.startswith("occupancy_tail[")
-        # a tail is shown at one level for every source: the one the deciding comparison found worst
-        j = next((v.worst_j for v in known if v.worst_j is not None), None) if tail else None
-
-        cluster = _value(rep.cluster, metric, j)
-        if tail and j is None:
-            cluster = "see plot"
-        if cluster in ("-", "see plot") and not any(v.expected is not None for v in known):
-            continue
-        if tail and j is not None:
-            cluster += f" at j={j}"
-        cells = [metric, UNITS.get(metric, "fraction"), cluster]
-        if twin:
-            cells += [_value(rep.twin, metric, j), _gap(main), _word(main)]
-            cells += [_value(rep.simulation, metric, j), _gap(cost)]
-        else:
-            cells += [_value(rep.simulation, metric, j), _gap(main), _word(main)]
-        if theory is None:
-            cells += ["-", "-"]
-        else:
-            word = theory.word if theory.counts or theory.agrees is None else f"({theory.word}, info)"
-            if "limit" in theory.why and theory.agrees is not None:
-                word = f"({theory.word}, limit)"
-            cells += [_theory_value(rep.theory, metric, j), word]
-        rows.append(cells)
+        levels: list[int | None] = [None]
+        if tail:
+            shown = [v.worst_j for v in (main, theory) if v is not None and v.worst_j is not None]
+            levels = list(dict.fromkeys(shown)) or [None]
+        for j in levels:
+            # the net cost (information only) is shown in its level's row, or with its level in the first
+            cost_cell = _at(cost, j, _gap(cost))
+            if cost is not None and cost.agrees is not None and cost.worst_j not in levels:
+                cost_cell = f"{_gap(cost)} at j={cost.worst_j}" if j == levels[0] else f"see j={levels[0]}"
+            cluster = _value(rep.cluster, metric, j)
+            if tail and j is None:
+                cluster = "see plot"
+            if cluster in ("-", "see plot") and not any(v.expected is not None for v in known):
+                continue
+            label = metric if j is None else f"{metric} at j={j}"
+            cells = [label, TAIL_UNIT if tail else UNITS.get(metric, ""), cluster]
+            if twin:
+                cells += [_value(rep.twin, metric, j), _at(main, j, _gap(main)), _at(main, j, _word(main))]
+                cells += [_value(rep.simulation, metric, j), cost_cell]
+            else:
+                cells += [
+                    _value(rep.simulation, metric, j),
+                    _at(main, j, _gap(main)),
+                    _at(main, j, _word(main)),
+                ]
+            if theory is None:
+                cells += ["-", "-"]
+            else:
+                cells += [_theory_value(rep.theory, metric, j), _at(theory, j, _theory_word(theory))]
+            rows.append(cells)
     return rows
 
 
@@ -204,8 +242,11 @@ def _value(result: Result | None, metric: str, j: int | None) -> str:
 
 def _theory_value(result: Result | None, metric: str, j: int | None) -> str:
     """A theory value and what it is: [exact +-error], [finite_n +-error O(1/n^2)], [limit, gap >= x]."""
-    text = _value(result, metric, j)
-    if result is None or text == "-":
+    if result is None:
+        return "-"
+    # a theory value has no interval: its stated error, if any, is in the brackets
+    text = _value(result, metric, j).partition(" ")[0]
+    if text == "-":
         return text
     if metric.startswith("occupancy_tail["):
         tail = (result.metrics["occupancy_tail"] or {}).get(metric[len("occupancy_tail[") : -1]) or []
@@ -260,19 +301,42 @@ def table(rows: list[list[str]], markdown: bool = False) -> str:
     return "\n".join(lines)
 
 
+def _counted_groups(counted: Sequence[Verdict]) -> str:
+    """What the verdict counted: how many metrics of which pair of sources, e.g. ``10 metrics cluster vs
+    twin (paired batch by batch), 5 simulation vs theory (exact and finite-n values)``."""
+    groups: dict[tuple[str, str], list[Verdict]] = {}
+    for v in counted:
+        groups.setdefault((v.subject, v.reference), []).append(v)
+    parts = []
+    for (subject, reference), vs in groups.items():
+        how = "paired batch by batch" if all(v.paired for v in vs) else "within their 95% intervals"
+        if reference == "theory":
+            how = "the theory's exact and finite-n values, within their stated error"
+        parts.append(f"{len(vs)} metric{'s' if len(vs) != 1 else ''} {subject} vs {reference} ({how})")
+    return ", ".join(parts)
+
+
 def headline(rep: RunReport) -> str:
+    """The run's verdict, saying what it counted: a comparison is one metric (an occupancy tail is one,
+    over all its levels) between two sources; verdicts in brackets are for information only."""
     counted = [v for v in rep.verdicts if v.counts and v.agrees is not None]
     if not counted:
         return "NOTHING TO COMPARE: no metric has a reference that counts (no simulation, limit theory only)"
-    against = sorted({v.reference for v in counted}, key=["twin", "simulation", "theory"].index)
+    what = _counted_groups(counted)
     bad = [v for v in counted if not v.agrees]
     if not bad:
-        how = "paired batch by batch" if all(v.paired for v in counted) else "within their 95% intervals"
-        return f"AGREES: all {len(counted)} comparisons with the {' and '.join(against)} agree ({how})"
+        return f"AGREES: all {len(counted)} comparisons that decide agree: {what}"
     listed = ", ".join(
         f"{v.metric} vs {v.reference} ({v.word.partition(' ')[2].strip('()') or '-'})" for v in bad
     )
-    return f"DISAGREES: {listed}"
+    return f"DISAGREES: {len(bad)} of {len(counted)} comparisons that decide ({what}): {listed}"
+
+
+#: printed under the table: what a comparison is, and which rows do not count
+COUNTING = (
+    "A comparison is one metric (an occupancy tail is one, over all its levels) between two sources; "
+    "verdicts in brackets are for information and do not count."
+)
 
 
 def _dispatchers(e: Experiment) -> str:
@@ -289,6 +353,7 @@ def terminal(rep: RunReport) -> str:
         "",
         table(comparison_rows(rep)),
         "",
+        COUNTING,
         headline(rep),
     ]
     return "\n".join(lines)
@@ -440,6 +505,8 @@ def markdown(rep: RunReport, images: Sequence[Path]) -> str:
         "",
         table(comparison_rows(rep), markdown=True),
         "",
+        COUNTING,
+        "",
         _explanation(rep),
         *(["", cost] if (cost := cost_sentence(rep)) else []),
         "",
@@ -482,9 +549,10 @@ def write(
     directory.mkdir(parents=True, exist_ok=True)
     results = [r for r in (rep.cluster, rep.twin, rep.simulation, rep.theory) if r is not None]
     e = rep.exp
+    run = plots.run_title(e.name, e.policy.name, e.policy.dispatchers)
     images: list[Path | None] = [
-        plots.occupancy_tail(directory, results),
-        plots.over_time(directory, e.run.warmup, e.run.duration, raws, rep.theory, e.run.batches),
+        plots.occupancy_tail(directory, results, run=run),
+        plots.over_time(directory, e.run.warmup, e.run.duration, raws, rep.theory, e.run.batches, run=run),
     ]
     faults = rep.cluster.extras.get("faults")
     if faults and timeline is not None:
@@ -497,13 +565,14 @@ def write(
                 failures,
                 faults["actions"],
                 faults["health_events"],
+                run=run,
             )
         )
     if e.policy.name == "slta":
-        images.append(plots.slta_r(directory, r_series, raws.get("simulation"), rep.theory))
-    images.append(plots.messages(directory, results))
+        images.append(plots.slta_r(directory, r_series, raws.get("simulation"), rep.theory, run=run))
+    images.append(plots.messages(directory, results, run=run))
     sojourns = {src: [x for b in raw.sojourns for x in b] for src, raw in raws.items()}
-    images.append(plots.sojourn(directory, sojourns, rep.theory))
+    images.append(plots.sojourn(directory, sojourns, rep.theory, run=run))
     shown = [p for p in images if p is not None]
     (directory / "results.json").write_text(json.dumps(rep.to_json(), indent=1) + "\n")
     (directory / "report.md").write_text(markdown(rep, shown))

@@ -60,7 +60,7 @@ def describe(metric: dict[str, Any], with_limit: bool = True) -> str:
     if regime is None or metric.get("value") is None:
         return ""
     words = [str(regime)]
-    if metric.get("error") is not None:
+    if metric.get("error"):  # an error of 0 is no error: nothing to add
         words.append(f"+-{metric['error']:.2g}")
     if metric.get("error_order"):
         words.append(str(metric["error_order"]))
