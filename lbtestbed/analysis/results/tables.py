@@ -22,6 +22,14 @@ def _row(label: str, m: dict[str, Any], theory: bool = False) -> list[str]:
     return [label, _fmt(m.get("value")), "" if ci is None else f"± {_fmt(ci, 3)}"]
 
 
+def _part(label: str, total: dict[str, Any], part: dict[str, Any], theory: bool) -> list[str]:
+    if theory:
+        return _row(
+            label, {"value": part.get("value"), "regime": part.get("regime", total.get("regime"))}, True
+        )
+    return _row(label, part)
+
+
 def render(result: Result) -> str:
     """The result as aligned text: headline metrics, messages by kind, occupancy tails."""
     m = result.metrics
@@ -30,18 +38,22 @@ def render(result: Result) -> str:
     for key in METRICS:
         if key != "occupancy_tail" and m[key].get("value") is not None:
             rows.append(_row(key, m[key], theory))
-    if m["tasks_in_system"].get("variance", {}).get("value") is not None:
-        rows.append(_row("  variance of tasks in system", m["tasks_in_system"]["variance"]))
+    # the parts of a total: a theory part has its total's regime (not its error), a measured one its interval
+    variance = m["tasks_in_system"].get("variance", {})
+    if variance.get("value") is not None:
+        rows.append(_part("  variance of tasks in system", m["tasks_in_system"], variance, theory))
     by_class = m["mean_sojourn"].get("by_class", {})
     if len(by_class) > 1:
         for name, e in by_class.items():
-            rows.append(_row(f"  mean_sojourn[{name}]", e))
+            rows.append(_part(f"  mean_sojourn[{name}]", m["mean_sojourn"], e, theory))
+    kind_ci = m["messages_per_task"].get("by_kind_ci95") or {}
     for kind, v in m["messages_per_task"].get("by_kind", {}).items():
-        rows.append([f"  messages_per_task[{kind}]", _fmt(v), ""])
+        part = {"value": v, "ci95": kind_ci.get(kind)}
+        rows.append(_part(f"  messages_per_task[{kind}]", m["messages_per_task"], part, theory))
     if m["slta_r"].get("time_fraction"):
         fr = m["slta_r"]["time_fraction"]
         top = sorted(fr.items(), key=lambda kv: -kv[1])[:4]
-        rows.append(["  time at r", ", ".join(f"{k}: {v:.3f}" for k, v in top), ""])
+        rows.append(["  time at r", ", ".join(f"{k}: {v:.3f}" for k, v in top), "share of time"])
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = [
         f"{result.name}  policy={result.policy}  source={result.source}  n={result.context.get('n')}  "
@@ -53,8 +65,13 @@ def render(result: Result) -> str:
             lines.append("  ".join("-" * w for w in widths))
     lines.append("")
     lines.append("occupancy tail: fraction of a class's nodes holding at least j tasks")
+    withheld = _withheld(result, "occupancy_tail")
     for name, tail in m["occupancy_tail"].items():
         cells = [f"{j}:{e['value']:.4f}" for j, e in enumerate(tail) if e["value"] is not None][1:]
+        if not cells:  # say why rather than print nothing
+            why = withheld.get(name) or withheld.get("") or "no value"
+            lines.append(f"  {name:<10} none: {why}")
+            continue
         kind = f" ({tail[0]['regime']})" if theory and tail and tail[0].get("regime") else ""
         lines.append(f"  {name:<10} " + " ".join(cells[:16]) + (" ..." if len(cells) > 16 else "") + kind)
     decisions = result.extras.get("decisions")
@@ -69,6 +86,29 @@ def render(result: Result) -> str:
     return "\n".join(lines)
 
 
+def _withheld(result: Result, metric: str) -> dict[str, str]:
+    """Why the theory left ``metric`` empty, by class name ("" for every class), from its notes."""
+    out = {}
+    for note in result.extras.get("notes", []):
+        name = str(note.get("metric", ""))
+        if "null" in note and (name == metric or name.startswith(f"{metric}[")):
+            out[name[len(metric) :].strip("[]")] = str(note["null"])
+    return out
+
+
+def show(value: Any) -> str:
+    """A bound's value as a reader wants it: numbers to 6 significant digits, mappings as key=value."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return _fmt(value)
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={show(v)}" for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(show(v) for v in value) + "]"
+    return str(value)
+
+
 def render_notes(result: Result) -> str:
     """Bounds and the note behind every predicted (or withheld) metric."""
     lines = []
@@ -76,7 +116,7 @@ def render_notes(result: Result) -> str:
     if bounds:
         lines.append("bounds:")
         for key, value in bounds.items():
-            lines.append(f"  {key}: {_fmt(value) if isinstance(value, float) else value}")
+            lines.append(f"  {key}: {show(value)}")
     for warning in result.extras.get("warnings", []):
         lines.append(f"warning: {warning}")
     lines.append("notes:")
