@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import csv
 import math
 import random
 import subprocess
@@ -282,6 +283,62 @@ def test_the_simulator_serves_each_task_over_the_schedule() -> None:
     assert got == pytest.approx(sorted(expected), rel=1e-9, abs=1e-12)
 
 
+def speed_integral(a: float, b: float) -> float:
+    """The integral of PROFILE's speed over [a, b)."""
+    total = 0.0
+    for i, (at, speed) in enumerate(PROFILE):
+        until = PROFILE[i + 1][0] if i + 1 < len(PROFILE) else math.inf
+        lo, hi = max(a, at), min(b, until)
+        if hi > lo:
+            total += (hi - lo) * speed
+    return total
+
+
+def test_idle_capacity_integrates_the_speed_the_node_had_while_idle() -> None:
+    """ONE_FCFS's measured idle capacity is the integral of PROFILE's speed over the times the node held no
+    task (from the Lindley recursion), batch by batch: the speed of each moment, not the speed at the end."""
+    exp = parse_spec(tomllib.loads(ONE_FCFS))
+    raw = Simulator(exp).run()
+    workload = PoissonWorkload(exp)
+    busy: list[tuple[float, float]] = []
+    free = 0.0
+    while (task := workload.next())[0] < exp.run.duration:
+        a, w = task
+        start = max(a, free)
+        free = served(start, w)
+        if busy and start == busy[-1][1]:
+            busy[-1] = (busy[-1][0], free)
+        else:
+            busy.append((a, free))
+    bounds = [30.0 * b for b in range(5)]
+    num, den = raw.ratios["idle_capacity"]
+    for b in range(4):
+        lo, hi = bounds[b], bounds[b + 1]
+        idle = speed_integral(lo, hi) - sum(
+            speed_integral(max(lo, s), min(hi, e)) for s, e in busy if e > lo and s < hi
+        )
+        assert float(num[b]) == pytest.approx(idle, rel=1e-9), b
+        assert float(den[b]) == pytest.approx(30.0)
+
+
+@pytest.mark.parametrize("discipline", ["fcfs", "ps", "pool"])
+def test_a_node_model_integrates_its_speed_while_idle(discipline: str) -> None:
+    """Idle at speed 1 over [0, 2), at 0.5 over [2, 3); a task of work 1 from 3 to 5; idle at 0.5 over
+    [5, 6) and at 2 over [6, 7): 2 + 0.5 + 0.5 + 2 = 5."""
+    from lbtestbed.model.workload import Task
+    from lbtestbed.server_node.models import make_node
+
+    node = make_node(discipline, 1.0)
+    node.set_speed(2.0, 0.5)
+    node.arrive(Task(0, 1.0, 3.0), 3.0)
+    assert node.next_completion() == pytest.approx(5.0)
+    node.complete(5.0)
+    node.set_speed(6.0, 2.0)
+    node.advance(7.0)
+    assert node.idle_capacity_seconds() == pytest.approx(5.0, rel=1e-12)
+    assert node.time_at[0] == pytest.approx(5.0)
+
+
 # ================================================================================ bad input
 
 
@@ -438,3 +495,108 @@ def test_lbt_run_warns_when_a_speed_factor_falls_below_the_outlier_share() -> No
     assert (
         ejection_warning(parse_spec(doc(antagonist={"factor": 0.6, "mean_on": 3.0, "mean_off": 5.0}))) is None
     )
+
+
+# ================================================================================ lbt run on a cluster
+
+RUN_SPEC = """
+name = "speeds-run"
+seed = 7
+[[classes]]
+name = "fast"
+count = 3
+discipline = "fcfs"
+speed = 2.0
+speed_schedule = [{ at = 0.0, factor = 0.5 }, { start = 40.0, end = 80.0, to = 1.0, steps = 4 }]
+[[classes]]
+name = "slow"
+count = 3
+discipline = "fcfs"
+speed = 1.0
+antagonist = { factor = 0.4, mean_on = 10.0, mean_off = 20.0 }
+[[nodes]]
+node = 5
+speed_schedule = [{ at = 5.0, factor = 1.5 }]
+[workload]
+load = 0.6
+service = { dist = "exponential", mean = 1.0 }
+[policy]
+name = "power_of_d"
+d = 2
+[run]
+warmup = 10.0
+duration = 100.0
+time_scale = 0.25
+batches = 10
+[health]
+slow_share = 0.0
+"""
+
+#: model seconds around a task's stay within which a speed change of its node makes it ambiguous (the node
+#: host's clock and the legs' stamps differ from the run's model time by well under this)
+MARGIN = 0.05
+
+
+def test_lbt_run_applies_schedules_and_antagonists_and_agrees_with_its_twin(tmp_path: Path) -> None:
+    """A step at model time 0 and a ramp on the fast class, an antagonist on the slow class, node 5's own
+    step at 5 (before the warm-up ends), on two node processes. Every task that did not wait and saw no
+    speed change while at its node stayed exactly work / (speed x factor at its arrival): the node hosts
+    applied the profile from the run's origin. The cluster agrees with its twin, paired batch by batch
+    (the twin applies the same changes to the same tasks); the theory gives no sojourn."""
+    from test_run import lbt_run, paired_by_hand, verdict
+
+    spec = tmp_path / "spec.toml"
+    spec.write_text(RUN_SPEC)
+    exp = parse_spec(tomllib.loads(RUN_SPEC))
+    rc, out, err = lbt_run(spec, tmp_path / "report", "--node-processes", "2")
+    assert rc in (0, 1), err
+    load = out["results"]["cluster"]["load"]
+    assert load["completed"] == load["scheduled"], load
+
+    # the profile each node served at, per task (fcfs, did not wait: stay = work / speed exactly)
+    changes = speed_changes(exp)
+    by_node: dict[int, list[SpeedChange]] = {}
+    for c in changes:
+        by_node.setdefault(c.node, []).append(c)
+    # the schedule's levels by hand for the fast class; node 5's own step; the slow class's antagonist as
+    # its law gives it (checked above against an independent draw)
+    fast = [(0.0, 0.5), (40.0, 0.5625), (50.0, 0.6875), (60.0, 0.8125), (70.0, 0.9375), (80.0, 1.0)]
+    for k in (0, 1, 2):
+        assert [(c.at, c.factor) for c in by_node[k]] == fast
+    # node 5: its own step to 1.5 at 5 replaces its class's schedule (none); its class's antagonist stays
+    assert {c.factor for c in by_node[5] if c.at >= 5.0} == {1.5, 1.5 * 0.4}
+    assert {c.factor for k in (3, 4) for c in by_node[k]} == {0.4, 1.0}
+
+    def factor_at(k: int, t: float) -> float:
+        f = 1.0
+        for c in by_node.get(k, []):
+            if c.at <= t:
+                f = c.factor
+        return f
+
+    with open(tmp_path / "report" / "tasks.csv") as f:
+        rows = list(csv.DictReader(f))
+    checked: dict[int, set[float]] = {}
+    for r in rows:
+        if r["waited"] != "0":
+            continue
+        k = int(r["node"])
+        arrival = float(r["t"]) + float(r["arrive"]) + float(r["decide"]) + float(r["forward"])
+        stay, work = float(r["stay"]), float(r["work"])
+        if any(arrival - MARGIN <= c.at <= arrival + stay + MARGIN for c in by_node.get(k, [])):
+            continue
+        factor = factor_at(k, arrival)
+        assert stay == pytest.approx(work / (exp.node_speeds[k] * factor), rel=1e-6), (r, factor)
+        checked.setdefault(k, set()).add(factor)
+    assert set(checked) == set(range(6))
+    assert all(len(checked[k]) >= 3 for k in (0, 1, 2)), checked  # several steps of the ramp
+    assert all(len(checked[k]) >= 2 for k in (3, 4)), checked  # the antagonist on and off
+
+    for metric in ("mean_sojourn", "messages_per_task"):
+        v = verdict(out, metric)
+        assert v["paired"] and v["counts"] and v["verdict"] == "agrees", v
+        mean, _, df = paired_by_hand(out, metric, "cluster", "twin")
+        assert v["df"] == df == 9
+        assert v["relative"] == pytest.approx(math.expm1(mean), rel=1e-9, abs=1e-12)
+    theory = out["results"]["theory"]["metrics"]
+    assert theory["mean_sojourn"]["value"] is None and theory["messages_per_task"]["value"] == 4.0

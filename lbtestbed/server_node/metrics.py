@@ -54,6 +54,11 @@ class NodeCollector(Collector):
             "Tasks the node failed (500, not admitted): an injected fail fault",
             labels=["node", "class"],
         )
+        idle_capacity = CounterMetricFamily(
+            "lbtestbed_node_idle_capacity_model_seconds",
+            "Integral of the node's speed over the model time it held no task: the work it could have served",
+            labels=["node", "class"],
+        )
         tasks = GaugeMetricFamily("lbtestbed_node_tasks", "Tasks present now", labels=["node", "class"])
         speed = GaugeMetricFamily(
             "lbtestbed_node_speed", "Work units served per model second", labels=["node", "class"]
@@ -64,13 +69,25 @@ class NodeCollector(Collector):
                 occupancy.add_metric([*labels, str(x)], seconds)
             task_s.add_metric(labels, m.task_seconds)
             util_s.add_metric(labels, m.utility_seconds)
+            idle_capacity.add_metric(labels, m.idle_capacity_seconds())
             arrivals.add_metric(labels, m.arrivals)
             completions.add_metric(labels, m.completions)
             refused.add_metric(labels, host.refused[k])
             failed.add_metric(labels, host.failed[k])
             tasks.add_metric(labels, m.x)
             speed.add_metric(labels, m.speed)
-        yield from (occupancy, task_s, util_s, arrivals, completions, refused, failed, tasks, speed)
+        yield from (
+            occupancy,
+            task_s,
+            util_s,
+            idle_capacity,
+            arrivals,
+            completions,
+            refused,
+            failed,
+            tasks,
+            speed,
+        )
         clock = CounterMetricFamily("lbtestbed_node_model_seconds", "Model time since the process started")
         clock.add_metric([], snap["time"])
         yield clock

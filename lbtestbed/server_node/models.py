@@ -10,7 +10,8 @@ has received by ``now`` stays received, and what remains is served at the new sp
 "Timed speed changes"). Both drivers apply the spec's timed speed changes (``model.conditions``) through it.
 
 Every model keeps the exact time integrals of docs/design.md, principle 5: seconds spent with exactly k tasks,
-task-seconds and utility-seconds, advanced at every change of occupancy.
+task-seconds and utility-seconds, advanced at every change of occupancy, and the integral of its speed while
+idle (``idle_capacity_seconds``: speed x idle seconds, corrected at every speed change).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class NodeModel:
     __slots__ = (
         "arrivals",
         "completions",
+        "idle_offset",
         "last",
         "speed",
         "task_seconds",
@@ -51,6 +53,18 @@ class NodeModel:
         self.utility_seconds = 0.0
         self.arrivals = 0
         self.completions = 0
+        # idle_capacity_seconds = speed x time_at[0] + idle_offset: each speed change adds what the idle
+        # time so far would otherwise be counted at the new speed instead of the old
+        self.idle_offset = 0.0
+
+    def idle_capacity_seconds(self) -> float:
+        """The integral of the node's speed over the time it held no task, exactly (up to ``last``)."""
+        return self.speed * self.time_at[0] + self.idle_offset
+
+    def _new_speed(self, speed: float) -> None:
+        """Take ``speed`` from ``last`` on (after ``advance``): the idle time so far keeps the old one."""
+        self.idle_offset += (self.speed - speed) * self.time_at[0]
+        self.speed = speed
 
     def advance(self, now: float) -> None:
         """Bring the integrals up to ``now``."""
@@ -122,7 +136,7 @@ class PoolNode(NodeModel):
         self.advance(now)
         ratio = self.speed / speed
         self._heap = [(now + (f - now) * ratio, seq, task) for f, seq, task in self._heap]
-        self.speed = speed
+        self._new_speed(speed)
 
 
 class PSNode(NodeModel):
@@ -176,7 +190,7 @@ class PSNode(NodeModel):
         # at the new one (next_completion reads the speed)
         self.advance(now)
         self.last = now
-        self.speed = speed
+        self._new_speed(speed)
 
 
 class FCFSNode(NodeModel):
@@ -232,7 +246,7 @@ class FCFSNode(NodeModel):
         self.advance(now)
         if self._finish < INF:
             self._finish = now + (self._finish - now) * self.speed / speed
-        self.speed = speed
+        self._new_speed(speed)
 
 
 MODELS: dict[str, type[NodeModel]] = {"pool": PoolNode, "ps": PSNode, "fcfs": FCFSNode}

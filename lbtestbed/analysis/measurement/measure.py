@@ -25,6 +25,7 @@ from lbtestbed.model.spec import Experiment, message_kinds
 
 NODE_CLOCK = "lbtestbed_node_model_seconds_total"
 OCCUPANCY = "lbtestbed_node_occupancy_model_seconds_total"
+IDLE_CAPACITY = "lbtestbed_node_idle_capacity_model_seconds_total"
 DISPATCHER_CLOCK = "lbtestbed_dispatcher_model_seconds_total"
 
 
@@ -58,8 +59,9 @@ def totals(exp: Experiment, snap: Snapshot) -> Totals:
     messages: dict[str, float] = defaultdict(float)
     for key, proc in snap.processes.items():
         speeds = {node: v for (node, _), v in proc.by("lbtestbed_node_speed", "node", "class").items()}
+        idle_capacity = {node: v for (node,), v in proc.by(IDLE_CAPACITY, "node").items()}
         for (node, cls, tasks), seconds in proc.by(OCCUPANCY, "node", "class", "tasks").items():
-            if cls not in classes or node not in speeds:
+            if cls not in classes or node not in speeds or node not in idle_capacity:
                 raise ScrapeError(
                     f"{key}: node {node} of class {cls!r} is not a node of {exp.source}: is this its cluster?"
                 )
@@ -70,7 +72,8 @@ def totals(exp: Experiment, snap: Snapshot) -> Totals:
             class_time[c] += seconds
             if tasks == "0":
                 idle += seconds
-                idle_speed += seconds * speeds[node]
+                # the node's own integral of its speed while idle: exact when its speed changes too
+                idle_speed += idle_capacity[node]
         task_s += proc.value("lbtestbed_node_task_model_seconds_total")
         util_s += proc.value("lbtestbed_node_utility_model_seconds_total")
         for (kind,), v in proc.by("lbtestbed_node_messages_sent_total", "kind").items():

@@ -376,7 +376,7 @@ class Simulator:
                 acc[j] += v
             task_s += node.task_seconds
             util_s += node.utility_seconds
-            idle_speed += node.speed * ta[0]
+            idle_speed += node.idle_capacity_seconds()  # exact under speed changes too
             idle += ta[0]
         self.snapshots.append(
             {
