@@ -100,6 +100,8 @@ POLICIES: dict[str, tuple[dict[str, Any], bool]] = {
     "power_of_d_3_replace": ({"name": "power_of_d", "d": 3, "replace": True}, False),
     "power_of_d_fastest": ({"name": "power_of_d", "d": 2, "tie_break": "fastest"}, False),
     "least_request": ({"name": "least_request", "d": 2}, False),
+    "least_request_weighted": ({"name": "least_request", "weights": "speed"}, False),
+    "peak_ewma": ({"name": "peak_ewma"}, False),
     "jiq": ({"name": "jiq"}, False),
     "jiq_longest_idle": ({"name": "jiq", "tie_break": "longest_idle"}, False),
     "jiq_fastest": ({"name": "jiq", "tie_break": "fastest"}, False),

@@ -95,7 +95,14 @@ Case = tuple[str, dict[str, Any], str, str]
 
 UNKNOWN_KEYS: list[Case] = [
     ("top", pools(colour="red"), "colour", "unknown key"),
-    ("class", with_(POOL_BASE, "classes.1.weight", 3), "classes[1].weight", "unknown key"),
+    ("class", with_(POOL_BASE, "classes.1.capacity", 3), "classes[1].capacity", "unknown key"),
+    ("policy-jsq-weights", with_(PS_BASE, "policy.weights", "speed"), "policy.weights", "unknown key"),
+    (
+        "policy-lr-decay",
+        with_(PS_BASE, "policy", {"name": "least_request", "decay_time": 5.0}),
+        "policy.decay_time",
+        "unknown key",
+    ),
     ("workload", with_(POOL_BASE, "workload.burst", 2), "workload.burst", "unknown key"),
     (
         "service",
@@ -288,6 +295,28 @@ NON_POSITIVE: list[Case] = [
 ]
 
 RULES: list[Case] = [
+    # a class weight is Envoy's host weight: read by least_request with weights = "class", and then required
+    ("weight-unread", with_(POOL_BASE, "classes.1.weight", 3), "classes[1].weight", 'weights = "class"'),
+    (
+        "weight-missing",
+        with_(
+            with_(PS_BASE, "policy", {"name": "least_request", "weights": "class"}), "classes.0.weight", 2.0
+        ),
+        "policy.weights",
+        "has none",
+    ),
+    (
+        "bias-negative",
+        with_(PS_BASE, "policy", {"name": "least_request", "active_request_bias": -1.0}),
+        "policy.active_request_bias",
+        "must not be negative",
+    ),
+    (
+        "decay-zero",
+        with_(PS_BASE, "policy", {"name": "peak_ewma", "decay_time": 0}),
+        "policy.decay_time",
+        "positive",
+    ),
     # workload: exactly one of load and arrival_rate
     ("load-and-rate", with_(POOL_BASE, "workload.arrival_rate", 4.0), "workload.load", "exactly one"),
     ("neither-load-nor-rate", with_(POOL_BASE, "workload.load", DELETE), "workload.load", "exactly one"),

@@ -37,6 +37,7 @@ POLICIES = (
     "slta",
     "scheme1",
     "scheme2",
+    "peak_ewma",
 )
 TIE_BREAKS = ("random", "fastest", "slowest", "longest_idle", "fastest_idle")
 UTILITY_POLICIES = ("jlmu", "slta")
@@ -72,7 +73,8 @@ POLICY_KEYS: dict[str, tuple[str, ...]] = {
     "round_robin": (),
     "jsq": ("tie_break", "view"),
     "power_of_d": ("d", "replace", "tie_break"),
-    "least_request": ("d", "replace"),
+    "least_request": ("d", "replace", "active_request_bias", "weights"),
+    "peak_ewma": ("decay_time", "default_rtt"),
     "jiq": ("tie_break", "d"),
     "jlmu": ("rank_order", "view"),
     "slta": ("beta", "beta_scale", "rank_order", "view"),
@@ -87,6 +89,7 @@ MESSAGE_KINDS: dict[str, tuple[str, ...]] = {
     "random": (),
     "round_robin": (),
     "least_request": (),
+    "peak_ewma": (),
     "jsq": ("departure", "arrival"),
     "jlmu": ("departure", "arrival"),
     "power_of_d": ("probe", "probe_reply"),
@@ -98,6 +101,8 @@ MESSAGE_KINDS: dict[str, tuple[str, ...]] = {
 
 #: what each dispatcher of several sees (docs/spec.md, "`view`"): the tasks it routed, or every task
 VIEWS = ("local", "full")
+#: least_request's node weights (docs/spec.md, "least_request"): all equal, each node's speed, each class's
+WEIGHTS = ("equal", "speed", "class")
 
 
 def message_kinds(policy: PolicySpec) -> tuple[str, ...]:
@@ -131,6 +136,8 @@ class NodeClass:
     # the speed over time of each node of the class (model.schedules): a factor of its speed
     speed_schedule: tuple[Entry, ...] = ()
     antagonist: Antagonist | None = None
+    # Envoy's load_balancing_weight of each node of the class (least_request with weights = "class")
+    weight: float | None = None
 
 
 @dataclass(frozen=True)
@@ -152,6 +159,14 @@ class PolicySpec:
     dispatchers: int = 1  # K dispatchers side by side, each with its own state (docs/spec.md, "dispatchers")
     split: str = "random"  # how the arrivals are spread over them: SPLITS
     view: str = "local"  # jsq, jlmu, slta with several dispatchers: what each one's picture counts (VIEWS)
+    # least_request as Envoy's LEAST_REQUEST: the nodes' weights (WEIGHTS) and the exponent of the active
+    # requests in weight / (active + 1)^active_request_bias when the weights differ
+    weights: str = "equal"
+    active_request_bias: float = 1.0
+    # peak_ewma as Finagle's PeakEwma (model seconds): the estimate's time constant, and tower's (Linkerd's)
+    # starting estimate of a node never observed (None: Finagle's, 0 with a penalty while it has requests)
+    decay_time: float = 10.0
+    default_rtt: float | None = None
 
 
 @dataclass(frozen=True)
@@ -246,6 +261,16 @@ class Experiment:
     def node_speeds(self) -> tuple[float, ...]:
         """Speed of every node, drawn once per experiment from its seed."""
         return draw_speeds(self.seed, self.classes)
+
+    @cached_property
+    def node_weights(self) -> tuple[float, ...]:
+        """least_request's weight of every node (Envoy's load_balancing_weight, ``policy.weights``): its
+        speed, its class's weight, or 1."""
+        if self.policy.weights == "speed":
+            return self.node_speeds
+        if self.policy.weights == "class":
+            return tuple(float(self.classes[c].weight or 0.0) for c in self.node_class)
+        return (1.0,) * self.n
 
     @property
     def work_rate(self) -> float:
@@ -470,7 +495,9 @@ def _parse_size(r: _Reader, name: str) -> SizeDistribution:
 
 
 def _parse_class(r: _Reader) -> NodeClass:
-    r.check_keys(("name", "count", "discipline", "speed", "utility", "speed_schedule", "antagonist"))
+    r.check_keys(
+        ("name", "count", "discipline", "speed", "utility", "speed_schedule", "antagonist", "weight")
+    )
     return NodeClass(
         name=r.string("name"),
         count=r.integer("count", minimum=1, maximum=MAX_NODES),
@@ -479,6 +506,7 @@ def _parse_class(r: _Reader) -> NodeClass:
         utility=_parse_utility(r),
         speed_schedule=_parse_schedule(r) or (),
         antagonist=_parse_antagonist(r),
+        weight=r.number("weight") if r.has("weight") else None,
     )
 
 
@@ -638,6 +666,21 @@ def _parse_policy(r: _Reader, classes: Sequence[NodeClass], n: int) -> PolicySpe
                 f'(docs/theory.md, "SLTA\'s learning rule and the bound on beta"); use beta >= {2 / n:.3g}',
             )
     rank_order = r.string("rank_order", default="ij", choices=("ij", "ji"))
+    weights = r.string("weights", default="equal", choices=WEIGHTS)
+    for i, c in enumerate(classes):
+        if c.weight is None and weights == "class":
+            raise r.fail(
+                "weights", f'"class" takes each class\'s weight, and classes[{i}] ({c.name!r}) has none'
+            )
+        if c.weight is not None and weights != "class":
+            raise SpecError(
+                r.source,
+                f"classes[{i}].weight",
+                'only least_request with weights = "class" reads a class weight '
+                "(Envoy's load_balancing_weight)",
+            )
+    decay_time = r.number("decay_time", 10.0)
+    default_rtt = r.number("default_rtt") if r.has("default_rtt") else None
     return PolicySpec(
         name=name,
         d=d,
@@ -648,6 +691,10 @@ def _parse_policy(r: _Reader, classes: Sequence[NodeClass], n: int) -> PolicySpe
         dispatchers=dispatchers,
         split=split,
         view=view,
+        weights=weights,
+        active_request_bias=r.number("active_request_bias", 1.0, positive=False),
+        decay_time=decay_time,
+        default_rtt=default_rtt,
     )
 
 

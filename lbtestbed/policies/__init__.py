@@ -11,6 +11,7 @@ from lbtestbed.policies.hetero_ps import Scheme1Dispatcher, Scheme2Dispatcher
 from lbtestbed.policies.jiq import IdleTokenSender, JIQDispatcher
 from lbtestbed.policies.jlmu import JLMUDispatcher, ranking_of
 from lbtestbed.policies.jsq import DepartureNotifier, JSQDispatcher
+from lbtestbed.policies.peak_ewma import PeakEwmaDispatcher
 from lbtestbed.policies.sampling import LeastRequestDispatcher, PowerOfDDispatcher
 from lbtestbed.policies.slta import SLTADispatcher, SLTANode, Thresholds
 from lbtestbed.policies.static import RandomDispatcher, RoundRobinDispatcher
@@ -40,6 +41,7 @@ DISPATCHERS: dict[str, type[DispatcherSide]] = {
         SLTADispatcher,
         Scheme1Dispatcher,
         Scheme2Dispatcher,
+        PeakEwmaDispatcher,
     )
 }
 

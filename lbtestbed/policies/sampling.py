@@ -6,6 +6,7 @@ JSQ(d) is the policy of Fittipaldi et al. 2018 (arXiv 1809.05373); docs/theory.m
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
@@ -19,6 +20,7 @@ from lbtestbed.policies.base import (
     sample_distinct,
     sample_with_replacement,
 )
+from lbtestbed.policies.edf import EdfScheduler
 
 
 class InstantProbe(NamedTuple):
@@ -120,9 +122,16 @@ class PowerOfDDispatcher(_Sampler):
 
 
 class LeastRequestDispatcher(_Sampler):
-    """Power-of-d over the dispatcher's own counts of tasks in flight, as production proxies do.
+    """Envoy's LEAST_REQUEST over the dispatcher's own counts of tasks in flight (docs/spec.md,
+    "least_request").
 
     No messages: the dispatcher counts a task from forwarding until its completion passes back through it.
+    While the weights of the nodes that are up are equal, power-of-d on those counts (Envoy's
+    ``choice_count`` is d; the first of the sampled nodes with the fewest wins). When they differ, Envoy's
+    earliest-deadline-first schedule (``edf.EdfScheduler``) over the effective weights
+    weight / (active + 1)^active_request_bias, each read when its node is picked; it is built afresh,
+    from the same random start, whenever a node goes down or comes back, as Envoy rebuilds it when its
+    set of healthy hosts changes.
     """
 
     name = "least_request"
@@ -130,10 +139,42 @@ class LeastRequestDispatcher(_Sampler):
     def __init__(self, exp: Experiment, rng: random.Random, index: int = 0) -> None:
         super().__init__(exp, rng, index)
         self.in_flight = [0] * self.n
+        self.weights = exp.node_weights
+        self.bias = exp.policy.active_request_bias
+        self.edf: EdfScheduler | None = None
+        self.seed = 0
+        self.weighted = len(set(self.weights)) > 1
+        if self.weighted:
+            # Envoy draws its seed once per load balancer; a spec whose weights are all equal never
+            # schedules, and draws nothing (its runs stay those of plain power-of-d)
+            self.seed = rng.getrandbits(32)
+            self._refresh()
+
+    def _host_weight(self, k: int) -> float:
+        """Envoy's ``hostWeight``: weight / (active + 1)^active_request_bias."""
+        w = self.weights[k]
+        if self.bias == 1.0:
+            return w / (self.in_flight[k] + 1)
+        if self.bias != 0.0:
+            return w / math.pow(self.in_flight[k] + 1, self.bias)
+        return w
+
+    def _refresh(self) -> None:
+        """The schedule of the nodes that are up, or none when their weights are equal or one is up."""
+        up = self.live.up
+        weights = {self.weights[k] for k in up}
+        if len(weights) <= 1 or len(up) <= 1:
+            self.edf = None
+        else:
+            self.edf = EdfScheduler.create_with_picks(up, self._host_weight, self.seed)
 
     def dispatch(self) -> Route:
-        nodes = self._sample_up()
         inflight = self.in_flight
+        if self.edf is not None:
+            k = self.edf.pick_and_add(self._host_weight)
+            inflight[k] += 1
+            return Route(k, "weighted")
+        nodes = self._sample_up()
         k = self._first_min(nodes, [inflight[j] for j in nodes])
         inflight[k] += 1
         return Route(k, "sampled")
@@ -141,10 +182,20 @@ class LeastRequestDispatcher(_Sampler):
     def on_task_done(self, node: int, latency: float) -> None:
         self.in_flight[node] -= 1
 
+    def on_node_down(self, node: int) -> None:
+        was = len(self.live.up)
+        super().on_node_down(node)
+        if self.weighted and len(self.live.up) != was:
+            self._refresh()
+
     def on_node_up(self, node: int, report: tuple[int, ...], fresh: bool) -> tuple[Message, ...]:
         if fresh:  # the host reports no end of a task routed there before
             self.in_flight[node] = 0
-        return super().on_node_up(node, report, fresh)
+        was = len(self.live.up)
+        out = super().on_node_up(node, report, fresh)
+        if self.weighted and len(self.live.up) != was:
+            self._refresh()
+        return out
 
     def gauges(self) -> dict[str, float]:
         return {"tasks_in_flight": float(sum(self.in_flight))}

@@ -50,11 +50,22 @@ HJSQ_PAPER = 'the heterogeneous-JSQ paper ("Load Balancing with Individually Het
 
 #: policies whose dispatchers, when there are several, each decide on their own partial view of the nodes
 #: (jsq, jlmu and slta unless their ``view`` is full)
-LOCAL_VIEW = ("round_robin", "least_request", "jsq", "jlmu", "slta")
+LOCAL_VIEW = ("round_robin", "least_request", "peak_ewma", "jsq", "jlmu", "slta")
 LU_PAPER = "Lu et al. 2011 (Performance Evaluation 68(11)), §4"
 FULL_VIEW = (
     "a full view (policy.view = full): with exact delivery every dispatcher sees the true state and SLTA's "
     "share one r, so K dispatchers decide as one"
+)
+
+
+WEIGHTED_LEAST_REQUEST = (
+    "least_request with unequal weights follows Envoy's deterministic weighted schedule, whose effective "
+    f"weights move with the dispatcher's own counts: no result in the papers covers it ({THEORY}, "
+    '"The proxies\' policies: no theory")'
+)
+PEAK_EWMA = (
+    "peak_ewma decides on latency estimates that decay with time and jump to peaks: no result in the papers "
+    f'covers it ({THEORY}, "The proxies\' policies: no theory")'
 )
 
 
@@ -63,7 +74,7 @@ def _local_view(exp: Experiment) -> bool:
     pol = exp.policy
     if pol.dispatchers == 1 or pol.name not in LOCAL_VIEW:
         return False
-    return pol.name in ("round_robin", "least_request") or pol.view == "local"
+    return pol.name in ("round_robin", "least_request", "peak_ewma") or pol.view == "local"
 
 
 def _why_local(exp: Experiment) -> str:
@@ -139,8 +150,12 @@ def predict(exp: Experiment) -> Result:
             _static(exp, p, per_node=lambda s: _node_formula(exp, exp.workload.arrival_rate / exp.n, s))
         elif policy == "round_robin":
             _round_robin(exp, p)
+        elif policy == "least_request" and len(set(exp.node_weights)) > 1:
+            p.null_many(QUEUE_METRICS, WEIGHTED_LEAST_REQUEST)
         elif policy in ("power_of_d", "least_request"):
             _supermarket(exp, p)
+        elif policy == "peak_ewma":
+            p.null_many(QUEUE_METRICS, PEAK_EWMA)
         elif policy in ("jsq", "jiq"):
             _join_idle(exp, p)
         elif policy in ("scheme1", "scheme2"):
@@ -172,7 +187,7 @@ def predict(exp: Experiment) -> Result:
 
 def _messages(exp: Experiment) -> tuple[float | None, str, str, list[str]]:
     name, d = exp.policy.name, exp.policy.d
-    if name in ("random", "round_robin", "least_request"):
+    if name in ("random", "round_robin", "least_request", "peak_ewma"):
         return 0.0, "no state messages", "policy definition", []
     if name == "power_of_d":
         assert isinstance(d, int)
