@@ -34,8 +34,26 @@ EXTRA_SPEC: dict[str, Any] = {
             "count": 3,
             "discipline": "pool",
             "utility": {"kind": "table", "values": [0, 2, 3, 3.5]},
+            "speed_schedule": [
+                {"at": 2.0, "factor": 0.5},
+                {"start": 3.0, "end": 6.0, "from": 0.5, "to": 2.0, "steps": 3},
+            ],
         },
-        {"name": "q", "count": 2, "discipline": "pool", "speed": 1.5, "utility": {"kind": "xlog", "r": 4}},
+        {
+            "name": "q",
+            "count": 2,
+            "discipline": "pool",
+            "speed": 1.5,
+            "utility": {"kind": "xlog", "r": 4},
+            "antagonist": {"factor": 0.5, "mean_on": 2.0, "mean_off": 4.0},
+        },
+    ],
+    "nodes": [
+        {
+            "node": 4,
+            "speed_schedule": [{"at": 1.0, "factor": 2.0}],
+            "antagonist": {"factor": 0.25, "mean_on": 1.0, "mean_off": 3.0},
+        }
     ],
     "workload": {"arrival_rate": 3.0, "service": {"dist": "lognormal", "mean": 1.0, "scv": 0.5}},
     "policy": {"name": "jlmu", "rank_order": "ji"},
@@ -148,6 +166,30 @@ TYPES: dict[str, frozenset[str]] = {
     "network.delay.scv": NUMBER,
     "network.forward_tasks": frozenset({"boolean"}),
 }
+#: speed over time (docs/spec.md, "Speed over time"): the same keys in a class and in a [[nodes]] table
+SPEED_OVER_TIME: dict[str, tuple[frozenset[str], str | int | None, bool]] = {
+    # key: (types, range, required)
+    "speed_schedule": (frozenset({"array"}), None, False),
+    "speed_schedule[]": (frozenset({"table"}), None, False),
+    "speed_schedule[].at": (NUMBER, "nonnegative", True),
+    "speed_schedule[].factor": (NUMBER, "positive", True),
+    "speed_schedule[].start": (NUMBER, "nonnegative", True),
+    "speed_schedule[].end": (NUMBER, "positive", True),
+    "speed_schedule[].from": (NUMBER, "positive", False),
+    "speed_schedule[].to": (NUMBER, "positive", True),
+    "speed_schedule[].steps": (frozenset({"integer"}), 1, False),
+    "antagonist": (frozenset({"table"}), None, False),
+    "antagonist.factor": (NUMBER, "positive", True),
+    "antagonist.mean_on": (NUMBER, "positive", True),
+    "antagonist.mean_off": (NUMBER, "positive", True),
+}
+TYPES |= {
+    "nodes": frozenset({"array"}),
+    "nodes[]": frozenset({"table"}),
+    "nodes[].node": frozenset({"integer"}),
+}
+for _owner in ("classes[]", "nodes[]"):
+    TYPES |= {f"{_owner}.{k}": types for k, (types, _, _) in SPEED_OVER_TIME.items()}
 
 #: the closed lists of string values (docs/spec.md)
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -197,7 +239,10 @@ RANGES: dict[str, str | int] = {
     "network.delay": "nonnegative",
     "network.delay.mean": "positive",
     "network.delay.scv": "positive",
+    "nodes[].node": 0,
 }
+for _owner in ("classes[]", "nodes[]"):
+    RANGES |= {f"{_owner}.{k}": rule for k, (_, rule, _) in SPEED_OVER_TIME.items() if rule is not None}
 
 #: keys docs/spec.md marks "required" (and the table keys a table form requires)
 REQUIRED = frozenset(
@@ -224,6 +269,13 @@ REQUIRED = frozenset(
         "network.delay.scv",
         "policy.name",
         "run.duration",
+        "nodes[].node",
+        *(
+            f"{owner}.{k}"
+            for owner in ("classes[]", "nodes[]")
+            for k, (_, _, req) in SPEED_OVER_TIME.items()
+            if req
+        ),
     }
 )
 

@@ -528,7 +528,7 @@ def _parse_schedule(r: _Reader) -> tuple[Entry, ...] | None:
         if e.has("at"):
             e.check_keys(("at", "factor"))
             entry = Step(e.number("at", positive=False), e.number("factor"))
-        elif e.has("start"):
+        elif any(e.has(k) for k in ("start", "end", "from", "to", "steps")):
             e.check_keys(("start", "end", "from", "to", "steps"))
             start, end = e.number("start", positive=False), e.number("end")
             if end <= start:
