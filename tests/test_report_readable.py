@@ -340,3 +340,21 @@ def test_tradeoff_labels_settings_in_the_legend_not_over_the_points(
     # equal message counts: the two policies' points drawn apart sideways
     xs = {float(c.lines[0].get_xdata()[0]) for c in ax.containers}  # each point's marker
     assert len(ax.containers) == 4 and len(xs) == 2
+
+
+def test_a_theory_tail_fading_below_the_measured_ones_has_no_zero_marker_and_sets_no_floor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    figures = Figures(monkeypatch)
+    measured = {"servers": tail(0.5, 0.05, 0.004)}  # intervals of 0.01: the lowest end drawn is 0.1 * 0.004
+    geometric = theory_tail(*(0.5**k for k in range(1, 40)))  # down to 2e-12, then the theory stops
+    plots.occupancy_tail(
+        tmp_path,
+        [result("cluster", measured), result("theory", {"servers": geometric})],
+        run="r",
+    )
+    (ax,) = figures.by_name["occupancy_tail.png"].axes
+    assert ax.get_ylim()[0] == pytest.approx(1e-4)  # a decade under 0.0004, not at the theory's 2e-12
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert not any(t.startswith("theory: 0") for t in labels)  # it fades below the axis; it is not 0
+    assert ax.get_xlim()[1] < 15  # the axis ends where the theory leaves it (0.5^14 < 1e-4), not at j=40

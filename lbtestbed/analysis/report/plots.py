@@ -110,7 +110,7 @@ def occupancy_tail(directory: Path, results: Sequence[Result], *, run: str) -> P
     from matplotlib.ticker import MaxNLocator
 
     names = list(results[0].metrics["occupancy_tail"])
-    fig, axes = plt.subplots(1, len(names), figsize=(5.4 * len(names), 4.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(names), figsize=(5.6 * len(names), 5.4), squeeze=False)
     theory = next((r for r in results if r.source == "theory"), None)
     for ax, name in zip(axes[0], names, strict=True):
         drawn: list[float] = []  # every positive value and interval end drawn: the axis floor goes below
@@ -129,28 +129,35 @@ def occupancy_tail(directory: Path, results: Sequence[Result], *, run: str) -> P
             drawn += [*v[keep], *(v[keep] - low)]
             last = max(last, int(j[keep].max(initial=1)))
         tail = ((theory.metrics["occupancy_tail"] or {}).get(name) if theory is not None else None) or []
-        if len(tail) > 1:
-            j, v, _ = _tail_arrays(tail)
-            zero = next((k for k in range(1, len(v)) if not v[k] > 0), len(v))  # theory's first 0
-            drawn += [x for x in v[1:zero] if x > 0]
-            last = max(last, zero)
-        positive = [x for x in drawn if x > 0]
-        floor = 10.0 ** np.floor(np.log10(min(positive) * 0.8)) if positive else 1e-3
+        j, v, _ = _tail_arrays(tail)
+        zero = next((k for k in range(1, len(v)) if not v[k] > 0), len(v))  # the theory's first 0
+        # the floor: a decade below what was measured (the theory's own values only when nothing was)
+        base = [x for x in drawn if x > 0] or [x for x in v[1:zero] if x > 0]
+        floor = 10.0 ** np.floor(np.log10(min(base) * 0.8)) if base else 1e-3
         if len(tail) > 1:
             regime = tail[0].get("regime")
             label = f"theory ({regime})" if regime else "theory"
-            # a staircase centred on each j, dropping to the floor at the theory's first zero
-            edges = np.arange(0.5, zero + 1.0)
-            ax.stairs([*v[1:zero], floor], edges, baseline=None, color="black", ls="--", lw=1.3, label=label)
-            ax.plot(
-                [zero],
-                [floor],
-                "v",
-                color="black",
-                ms=8,
-                clip_on=False,
-                label=f"theory: 0 from j = {zero} on (drawn at the floor)",
-            )
+            below = next((k for k in range(1, zero) if v[k] < floor), None)
+            if below is None:
+                # a staircase centred on each j, dropping to the floor at the theory's first zero
+                edges = np.arange(0.5, zero + 1.0)
+                ax.stairs(
+                    [*v[1:zero], floor], edges, baseline=None, color="black", ls="--", lw=1.3, label=label
+                )
+                ax.plot(
+                    [zero],
+                    [floor],
+                    "v",
+                    color="black",
+                    ms=8,
+                    clip_on=False,
+                    label=f"theory: 0 from j = {zero} on (drawn at the floor)",
+                )
+                last = max(last, zero)
+            else:  # a tail fading below what was measured leaves through the floor
+                edges = np.arange(0.5, below + 1.0)
+                ax.stairs(v[1 : below + 1], edges, baseline=None, color="black", ls="--", lw=1.3, label=label)
+                last = max(last, below)
         ax.set_yscale("log")
         ax.set_ylim(floor, 1.3)
         _log_axis(ax.yaxis, floor, 1.3)
@@ -160,7 +167,8 @@ def occupancy_tail(directory: Path, results: Sequence[Result], *, run: str) -> P
         ax.set_ylabel("fraction of nodes with ≥ j tasks")
         ax.set_title(f"occupancy tail, class {name}", fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(loc="lower left", fontsize=8, framealpha=0.9)
+        # under the panel: a legend inside would sit on some run's tail
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, fontsize=8)
     _title(fig, run)
     return _save(fig, directory / "occupancy_tail.png")
 
@@ -250,7 +258,7 @@ def slta_r(
         ax.step(t, r, where="post", label="simulation", **style("simulation", markers=False))
     r_star = theory.value("slta_r") if theory is not None else None
     if r_star is not None:
-        ax.axhline(r_star, color="black", linestyle="--", label="r* (theory)")
+        ax.axhline(r_star, color="black", linestyle="--", label="r* (theory)", zorder=1)  # beneath the paths
     ax.set_xlabel("model time (s)")
     ax.set_ylabel("r (learned threshold index)")
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
@@ -293,7 +301,7 @@ def messages(directory: Path, results: Sequence[Result], *, run: str) -> Path | 
     ax.set_ylabel("messages per task")
     ax.set_title("what the policy costs in messages", fontsize=10)
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)  # beside: off the bars
     _title(fig, run)
     return _save(fig, directory / "messages.png")
 

@@ -329,7 +329,7 @@ def headline(rep: RunReport) -> str:
     listed = ", ".join(
         f"{v.metric} vs {v.reference} ({v.word.partition(' ')[2].strip('()') or '-'})" for v in bad
     )
-    return f"DISAGREES: {len(bad)} of {len(counted)} comparisons that decide ({what}): {listed}"
+    return f"DISAGREES: {len(bad)} of {len(counted)} comparisons that decide: {listed}; counted {what}"
 
 
 #: printed under the table: what a comparison is, and which rows do not count
