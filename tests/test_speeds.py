@@ -154,6 +154,8 @@ def test_an_antagonist_switches_as_its_law_says_on_its_own_stream() -> None:
         assert len(want) > 20
         assert [(c.at, c.factor) for c in got if c.node == k] == want
     assert not [c for c in got if c.node == 2]  # class b has none
+    # a node host draws its own nodes' alone: the same changes
+    assert speed_changes(exp, nodes=[1, 2]) == tuple(c for c in got if c.node in (1, 2))
     # another replication draws another antagonist; the same replication the same one
     assert [(c.at, c.factor) for c in speed_changes(exp, 1) if c.node == 0] == law(
         11, 0, 0.25, 3, 5, horizon, 1

@@ -14,6 +14,7 @@ is the start of the warm-up):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from lbtestbed.model.schedules import antagonist_random, levels, switches
@@ -60,10 +61,13 @@ def horizon(exp: Experiment) -> float:
     return exp.run.warmup + 2.0 * exp.run.duration
 
 
-def speed_changes(exp: Experiment, replication: int = 0) -> tuple[SpeedChange, ...]:
-    """Every timed speed change of the spec, in time order (then node order): at each model time where a
-    node's factor (schedule level x antagonist factor while on x slow fault's speed while on) takes a new
-    value, that value. Events of one node at one instant apply together, in spec order."""
+def speed_changes(
+    exp: Experiment, replication: int = 0, nodes: Iterable[int] | None = None
+) -> tuple[SpeedChange, ...]:
+    """Every timed speed change of the spec (of ``nodes`` only, when given: a node host's), in time order
+    (then node order): at each model time where a node's factor (schedule level x antagonist factor while
+    on x slow fault's speed while on) takes a new value, that value. Events of one node at one instant
+    apply together, in spec order. A node's changes do not depend on the other nodes'."""
     slow: dict[int, list[tuple[float, int, float]]] = {}
     for f in exp.faults:
         if f.kind == "slow":
@@ -71,8 +75,19 @@ def speed_changes(exp: Experiment, replication: int = 0) -> tuple[SpeedChange, .
     shared: dict[int, list[tuple[float, float]]] = {}  # a class's schedule levels, computed once
     end = horizon(exp)
     changes: list[SpeedChange] = []
-    for k in range(exp.n):
-        schedule, antagonist = exp.speed_over_time(k)
+    own = {o.node for o in exp.nodes}
+    # without a class-wide schedule or antagonist only nodes of [[nodes]] tables and slow faults can vary
+    classwide = any(c.speed_schedule or c.antagonist is not None for c in exp.classes)
+    if nodes is None:
+        which: Iterable[int] = range(exp.n) if classwide else sorted(own | slow.keys())
+    else:
+        which = sorted(set(nodes)) if classwide else sorted((own | slow.keys()) & set(nodes))
+    for k in which:
+        if k in own:
+            schedule, antagonist = exp.speed_over_time(k)
+        else:
+            c = exp.classes[exp.node_class[k]]
+            schedule, antagonist = c.speed_schedule, c.antagonist
         if not schedule and antagonist is None and k not in slow:
             continue
         # (time, source, value): source 0 the schedule's level, 1 the antagonist (1: on, 0: off), 2 slow

@@ -99,6 +99,7 @@ class NodeHost:
         self.offset = 0.0
         self.t0_unix = 0.0
         self.changes: dict[int, deque[tuple[float, float]]] = {}
+        self.speed_plan = speed_changes(exp, nodes=self.ids)  # drawn once: set_origin only arms them
         self.fail_windows = tuple(w for w in fail_windows(exp) if w.node in self.ids)
         self.fault_rng = seeded_random(exp.seed, "faults", 1 + self.ids[0])
         self.failed: Counter[int] = Counter()
@@ -144,7 +145,7 @@ class NodeHost:
                 self._catch_up(k, max(now, model.last))
                 model.set_speed(max(now, model.last), self.exp.node_speeds[k])
         self.changes = {}
-        for c in speed_changes(self.exp):
+        for c in self.speed_plan:
             if c.node in self.models:
                 at = c.at + self.offset
                 self.changes.setdefault(c.node, deque()).append((at, self.exp.node_speeds[c.node] * c.factor))
