@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import subprocess
 import sys
 import threading
+import time
+import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -110,12 +113,15 @@ def test_locust_tasks_are_counted_by_the_dispatchers(tmp_path: Path) -> None:
 
 
 class SlowServer:
-    """A dispatcher stand-in that holds every task for HOLD seconds; it counts tasks and the most at once."""
+    """A dispatcher stand-in that holds every task for ``hold`` seconds; it counts tasks and the most at once,
+    and keeps each task's arrival (Unix time) and work."""
 
-    def __init__(self) -> None:
+    def __init__(self, hold: float = HOLD) -> None:
+        self.hold = hold
         self.tasks = 0
         self.open = 0
         self.peak = 0
+        self.arrivals: list[tuple[float, float]] = []
         self.loop = asyncio.new_event_loop()
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -125,15 +131,16 @@ class SlowServer:
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     async def _task(self, request: web.Request) -> web.Response:
-        await request.read()
+        body = await request.json()
+        self.arrivals.append((time.time(), float(body["work"])))
         self.tasks += 1
         self.open += 1
         self.peak = max(self.peak, self.open)
         try:
-            await asyncio.sleep(HOLD)
+            await asyncio.sleep(self.hold)
         finally:
             self.open -= 1
-        return web.json_response({"node": 0, "arrived": 0.0, "completed": HOLD, "waited": False})
+        return web.json_response({"node": 0, "arrived": 0.0, "completed": self.hold, "waited": False})
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -243,3 +250,141 @@ def test_the_locustfile_rejects_a_bad_spec_in_one_line(tmp_path: Path) -> None:
     errors = [line for line in out.stderr.splitlines() if "error" in line]
     missing = tmp_path / "missing.toml"
     assert errors == [f"lbt locustfile: error: {missing}: cannot read: No such file or directory"]
+
+
+# ------------------------------------------------------------------ distributed, and the web UI's restart
+
+#: 100 tasks per wall second for 3 s (a Poisson count of mean 300), each answered at once
+DIST_SPEC = SLOW_SPEC.replace('name = "slow"', 'name = "dist"').replace("seed = 9", "seed = 11")
+DIST_SPEC = DIST_SPEC.replace("duration = 2.0", "duration = 3.0")
+SPAN = 3.0  # wall seconds of arrivals (time scale 1)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def locust(*args: str) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--loglevel", "WARNING", *args]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+
+
+def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait(10)
+
+
+def test_a_master_and_two_workers_send_the_plan_once_and_stop_together(tmp_path: Path) -> None:
+    spec = tmp_path / "dist.toml"
+    spec.write_text(DIST_SPEC)
+    report = tmp_path / "summary.json"
+    port = str(free_port())
+    with SlowServer(hold=0.0) as sink:
+        # the workers get nothing but the master's address: the spec, the duration and the host come from it
+        master = locust(
+            "--master", "--headless", "--expect-workers", "2", "--master-bind-host", "127.0.0.1",
+            "--master-bind-port", port, "--host", sink.url, "--lbt-spec", str(spec),
+            "--lbt-duration", f"{SPAN:g}", "--lbt-drain", "10", "--lbt-report", str(report),
+        )  # fmt: skip
+        workers = [locust("--worker", "--master-host", "127.0.0.1", "--master-port", port) for _ in range(2)]
+        try:
+            master.wait(90)
+            for w in workers:
+                w.wait(30)  # they quit with the master
+        finally:
+            stop_all([master, *workers])
+        arrivals = list(sink.arrivals)
+    assert master.returncode == 0, master.stderr.read().decode() if master.stderr else ""
+    assert [w.returncode for w in workers] == [0, 0]
+    summary = json.loads(report.read_text())
+    plan = build_plan(load_spec(spec), duration=SPAN, dispatchers=[sink.url])
+    n = len(plan.tasks)
+    # the spec's count: Poisson with mean 100/s x 3 s = 300; its central 99.9% interval is [245, 359]
+    # (scipy.stats.poisson(300).ppf(0.0005), .ppf(0.9995)); a worker running a plan of its own duration, or
+    # two workers each sending the whole plan, would land outside it
+    assert 245 <= len(arrivals) <= 359
+    # exactly the plan's tasks, each once: the works the sink received are the plan's works
+    assert sorted(w for _, w in arrivals) == sorted(w for _, w in plan.tasks)
+    assert summary["scheduled"] == summary["completed"] == summary["locust_requests"] == n
+    # worker i sent tasks i, i + 2, ...: shares of ceil(n / 2) and floor(n / 2)
+    rows = summary["workers"]
+    halves = [(0, (n + 1) // 2, (n + 1) // 2), (1, n // 2, n // 2)]
+    assert [(r["index"], r["sent"], r["completed"]) for r in rows] == halves
+    # they stopped together at the duration: each worker's last send (wall seconds from the common time
+    # zero) was at or after its share's last intended time and within a second of the 3 s; nothing reached
+    # the sink before time zero or later than a second after the duration
+    t0 = summary["start_epoch"]
+    for r in rows:
+        last_intended = plan.tasks[range(r["index"], n, 2)[-1]][0]
+        assert last_intended <= r["send_seconds"] < SPAN + 1.0
+        assert abs(r["send_seconds"] - SPAN) < 1.0
+    assert abs(rows[0]["send_seconds"] - rows[1]["send_seconds"]) < 1.0
+    assert min(t for t, _ in arrivals) >= t0 and max(t for t, _ in arrivals) < t0 + SPAN + 1.0
+
+
+def ui_call(url: str, data: dict[str, str] | None = None) -> dict[str, object]:
+    body = urllib.parse.urlencode(data).encode() if data is not None else None
+    with urllib.request.urlopen(url, data=body, timeout=10) as resp:
+        out: dict[str, object] = json.loads(resp.read())
+    return out
+
+
+def wait_for(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"no {what} within {timeout:g} s"
+        time.sleep(0.1)
+
+
+def test_a_second_start_from_the_web_ui_runs_the_workload_again(tmp_path: Path) -> None:
+    spec = tmp_path / "dist.toml"
+    spec.write_text(DIST_SPEC)
+    port = free_port()
+    ui = f"http://127.0.0.1:{port}"
+    with SlowServer(hold=0.0) as sink:
+        proc = locust(
+            "--web-host", "127.0.0.1", "--web-port", str(port), "--host", sink.url, "--lbt-spec", str(spec),
+            "--lbt-duration", "1",
+        )  # fmt: skip
+        try:
+            plan1 = build_plan(load_spec(spec), duration=1.0, dispatchers=[sink.url])
+            plan2 = build_plan(load_spec(spec), duration=2.0, dispatchers=[sink.url])
+
+            def state() -> str | None:
+                """The runner's state as the web UI's page shows it (its /stats/requests is cached)."""
+                try:
+                    with urllib.request.urlopen(ui, timeout=10) as resp:
+                        found = re.search(r'"state": "(\w+)"', resp.read().decode())
+                except OSError:
+                    return None
+                return found.group(1) if found else None
+
+            wait_for(lambda: state() == "ready", "web UI")
+            # the form says what START sends (its custom parameter lbt_run): the plan's count of tasks
+            with urllib.request.urlopen(ui, timeout=10) as resp:
+                page = resp.read().decode()
+            assert f"dist: {len(plan1.tasks)} tasks, open loop" in page
+            form = {"user_count": "0", "spawn_rate": "0", "host": sink.url}
+            # START, then STOP while it sends: the first run is cut short
+            assert ui_call(f"{ui}/swarm", form)["success"]
+            wait_for(lambda: sink.tasks >= 10, "tasks of the first run")
+            ui_call(f"{ui}/stop", {})
+            wait_for(lambda: state() == "stopped", "stop")
+            first = sink.tasks
+            assert 10 <= first < len(plan1.tasks)
+            # START again: the whole plan from its beginning, and the run ends on its own
+            assert ui_call(f"{ui}/swarm", form)["success"]
+            wait_for(lambda: sink.tasks >= first + len(plan1.tasks) and state() == "stopped", "second run")
+            second = [w for _, w in sink.arrivals[first:]]
+            assert sorted(second) == sorted(w for _, w in plan1.tasks)
+            # and a third START with another duration in the form's custom parameters: the plan for it
+            assert ui_call(f"{ui}/swarm", {**form, "lbt_duration": "2"})["success"]
+            done = first + len(plan1.tasks)
+            wait_for(lambda: sink.tasks >= done + len(plan2.tasks) and state() == "stopped", "third run")
+            assert sorted(w for _, w in sink.arrivals[done:]) == sorted(w for _, w in plan2.tasks)
+        finally:
+            stop_all([proc])

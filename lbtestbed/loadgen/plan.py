@@ -116,6 +116,19 @@ def build_plan(
     return Plan(exp, mode, rate, tasks, list(dispatchers), routes, users, max_outstanding, drain)
 
 
+def describe(plan: Plan) -> str:
+    """One line that says what a run of the plan sends (locust's web UI shows it beside START)."""
+    if plan.mode == "open":
+        what = f"{len(plan.tasks)} tasks, open loop"
+    else:
+        what = f"closed loop, {plan.users} users (about {plan.expected():.0f} tasks were replies instant)"
+    rate = plan.exp.workload.arrival_rate / plan.time_scale
+    return (
+        f"{plan.exp.name}: {what}, over {plan.schedule.duration:g} model s = {plan.span:.1f} wall s "
+        f"({rate:.4g} tasks per wall s at rate 1x), to {', '.join(plan.dispatchers)}"
+    )
+
+
 def _check_size(exp: Experiment, model_seconds: float, what: str) -> None:
     problem = sent_tasks_problem(exp, model_seconds, what)
     if problem:
