@@ -344,6 +344,14 @@ def cmd_load(args: argparse.Namespace) -> int:
             hint = "give --dispatcher URL" if args.spec is not None else "give a SPEC and --dispatcher URL"
             return _bad_input(f"{e}; {hint} or start one with lbt cluster up")
         urls = urls or [d.url for d in cluster.dispatchers]
+    if args.locust_args and not args.locust:
+        return _bad_input(f"{args.locust_args[0]!r} after --: options after -- go to locust; add --locust")
+    if args.locust:
+        from lbtestbed.loadgen.locust_run import passthrough_problem
+
+        problem = passthrough_problem(args.locust_args)
+        if problem:
+            return _bad_input(problem)
     if args.locust_mode == "closed" and not args.locust:
         print(
             "lbt: error: --locust-mode closed needs --locust (lbt load itself is an open loop)",
@@ -399,7 +407,13 @@ def cmd_load(args: argparse.Namespace) -> int:
         try:
             # locust's processes read the experiment from its file and overrides (its time scale resolved)
             summary = run_locust(
-                exp.source, exp.overrides, urls, timeout=plan.hard_limit + 60, quiet=args.quiet, **options
+                exp.source,
+                exp.overrides,
+                urls,
+                timeout=plan.hard_limit + 60,
+                quiet=args.quiet,
+                extra=args.locust_args,
+                **options,
             )
         except LocustError as e:
             print(f"lbt: error: {e}", file=sys.stderr)
@@ -742,7 +756,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Send the spec's tasks (Poisson arrivals, seeded work sizes: the simulator's tasks for "
         "the same seed) on an absolute schedule, never waiting for earlier tasks; sojourn is measured from "
         "each task's intended send time. --schedule changes the rate over time; --locust sends the same "
-        "tasks from locust instead (docs/load.md). Exit code 0 when every task completed, 1 otherwise.",
+        "tasks from locust instead (docs/load.md); with --locust, options after -- go to locust as they "
+        "are: lbt load SPEC --locust -- --csv out --html report.html. Exit code 0 when every task "
+        "completed, 1 otherwise.",
     )
     load.add_argument(
         "spec",
@@ -795,7 +811,9 @@ def build_parser() -> argparse.ArgumentParser:
         "ramps DURATION@MULT->MULT, MULT times the spec's rate, e.g. '60@1, 30@1->2, 60@2' (docs/load.md)",
     )
     load.add_argument(
-        "--locust", action="store_true", help="send the tasks from locust, headless (docs/load.md)"
+        "--locust",
+        action="store_true",
+        help="send the tasks from locust, headless; locust options of your own go after -- (docs/load.md)",
     )
     load.add_argument(
         "--locust-mode",
@@ -903,7 +921,15 @@ def _interrupted(sig: int, frame: object) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    passthrough: list[str] = []
+    if "--" in argv:  # lbt load --locust ... -- ARGS: ARGS go to locust as they are
+        cut = argv.index("--")
+        argv, passthrough = argv[:cut], argv[cut + 1 :]
     args = parser.parse_args(argv)
+    args.locust_args = passthrough
+    if passthrough and args.command != "load":
+        return _bad_input(f"{passthrough[0]!r} after --: only lbt load --locust takes options after --")
     if threading.current_thread() is threading.main_thread():
         # SIGTERM and SIGHUP end a command as Ctrl-C does: what it started (a cluster) is stopped on the way
         for sig in (signal.SIGTERM, signal.SIGHUP):

@@ -1,5 +1,6 @@
 """locust as a load generator: ``lbt load --locust`` against a real cluster, the open loop that does not wait,
-the closed loop that does (the caveat of docs/load.md), and the load shape's user counts.
+the closed loop that does (the caveat of docs/load.md), the load shape's user counts, options passed through
+to locust, a master and two workers sharing the plan, and a restart from the web UI's HTTP API.
 
 locust runs in child processes only: importing it here would monkey-patch this process for gevent.
 """
@@ -7,6 +8,7 @@ locust runs in child processes only: importing it here would monkey-patch this p
 from __future__ import annotations
 
 import asyncio
+import csv
 import json
 import re
 import socket
@@ -173,11 +175,20 @@ def slow(tmp_path: Path) -> Iterator[tuple[SlowServer, Path]]:
 
 def test_open_mode_keeps_sending_while_tasks_are_slow(slow: tuple[SlowServer, Path]) -> None:
     server, spec = slow
-    out = lbt("load", str(spec), "--dispatcher", server.url, "--locust", "--json", "--quiet")
+    csv_prefix, html = spec.with_name("out"), spec.with_name("report.html")
+    out = lbt(
+        "load", str(spec), "--dispatcher", server.url, "--locust", "--json", "--quiet",
+        "--", "--csv", str(csv_prefix), "--html", str(html),  # passed through to locust
+    )  # fmt: skip
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout)
     sent = len(build_plan(load_spec(spec), dispatchers=[server.url]).tasks)  # Poisson, mean 200
     assert summary["sent"] == summary["completed"] == server.tasks == sent
+    # locust wrote its own statistics where the options passed through told it to
+    with open(f"{csv_prefix}_stats.csv", newline="") as f:
+        rows = {row["Name"]: row for row in csv.DictReader(f)}
+    assert int(rows["Aggregated"]["Request Count"]) == sent
+    assert "<html" in html.read_text().lower()
     # Tasks in the server at a time are an M/D/inf count, Poisson with mean 100 x HOLD = 50 once the
     # first HOLD has passed; P(Poisson(50) <= 25) < 1e-4, so an open loop peaks above 25. A loop that
     # waited for replies would hold one at a time.

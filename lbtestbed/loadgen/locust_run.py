@@ -19,6 +19,20 @@ from typing import Any
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 SCRUBBED = ("LBT_SPEC", "LBT_SCHEDULE")  # the command line says everything; stray settings must not add to it
+#: locust options ``lbt load --locust`` sets itself (or the load shape does): not to be passed through
+RESERVED = (
+    "-f", "--locustfile", "-H", "--host", "--headless", "-u", "--users", "-r", "--spawn-rate",
+    "-t", "--run-time", "--lbt-",
+)  # fmt: skip
+
+
+def passthrough_problem(args: Sequence[str]) -> str | None:
+    """What is wrong with locust options passed through (``lbt load --locust -- ARGS``), or None."""
+    for a in args:
+        name = a.split("=", 1)[0]
+        if any(name == r or (r.endswith("-") and name.startswith(r)) for r in RESERVED):
+            return f"{a!r} after --: lbt load --locust sets it itself (the spec, the host and the load shape)"
+    return None
 
 
 class LocustError(RuntimeError):
@@ -39,8 +53,10 @@ def locust_command(
     max_outstanding: int = 10_000,
     drain: float = 120.0,
     quiet: bool = False,
+    extra: Sequence[str] = (),
 ) -> list[str]:
-    """The locust command line that runs ``spec`` against ``dispatchers`` and writes ``report``."""
+    """The locust command line that runs ``spec`` against ``dispatchers`` and writes ``report``; ``extra``:
+    locust options of the user's (``--csv``, ``--html``, ``--processes``...), last."""
     cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--host", dispatchers[0]]
     cmd += ["--loglevel", "WARNING", "--stop-timeout", f"{drain:g}"]  # closed-loop users finish their task
     if quiet:
@@ -56,7 +72,7 @@ def locust_command(
         cmd += ["--lbt-duration", repr(duration)]
     if replay is not None:
         cmd += ["--lbt-replay", str(Path(replay).resolve())]
-    return cmd
+    return [*cmd, *extra]
 
 
 def run_locust(

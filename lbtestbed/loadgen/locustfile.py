@@ -63,7 +63,7 @@ from lbtestbed.loadgen.plan import (
     closed_users,
     describe,
 )
-from lbtestbed.loadgen.shares import merged, part, share, worker_rows
+from lbtestbed.loadgen.shares import failed_part, merged, part, share, worker_rows
 from lbtestbed.model.spec import load_spec
 from lbtestbed.model.workload import PoissonWorkload
 from lbtestbed.transport.wire import PREFIX
@@ -375,11 +375,13 @@ def _started(environment: Environment, **_: Any) -> None:
             RUN = None
             log.warning("lbt: this worker joined after the start: it sends nothing in this run")
             return
+        index = shares[runner.client_id]
         try:
-            RUN = new_run(environment, shares[runner.client_id], len(shares), o.lbt_start_epoch)
-        except (ValueError, OSError) as e:
+            RUN = new_run(environment, index, len(shares), o.lbt_start_epoch)
+        except (ValueError, OSError) as e:  # its files are not the master's: say so to the master
             RUN = None
             log.error("lbt locustfile: error: %s", e)
+            runner.send_message(PART, failed_part(index, o.lbt_start_epoch, str(e)))
             return
         RUN.begin()
         if RUN.plan.mode == "closed":
@@ -413,12 +415,16 @@ def _part_came(environment: Environment, msg: Any) -> None:
     data = msg.data
     if RUN is not None and data.get("start_epoch") == RUN.start_epoch:  # not a part of an earlier run
         RUN.parts[int(data["index"])] = data
+        if "error" in data:
+            log.error("lbt: worker %s sends nothing: %s", msg.node_id, data["error"])
 
 
 @events.quitting.add_listener
 def _write_report(environment: Environment, **_: Any) -> None:
     if isinstance(environment.runner, WorkerRunner):
         return  # the master writes the run's report
+    if RUN is not None and any("error" in p for p in RUN.parts.values()):
+        environment.process_exit_code = 1  # a worker could not build the plan: its share was not sent
     if RUN is not None and RUN.report_path:
         with open(RUN.report_path, "w") as f:
             json.dump(RUN.summary(environment), f, indent=1)

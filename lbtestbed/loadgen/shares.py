@@ -39,6 +39,12 @@ def part(report: LoadReport, index: int, start_epoch: float) -> dict[str, Any]:
     }
 
 
+def failed_part(index: int, start_epoch: float, error: str) -> dict[str, Any]:
+    """The part of a worker that could not build the plan (``error`` says why): its share counts as
+    unfinished, and the master need not wait for it."""
+    return {**part(LoadReport(), index, start_epoch), "error": error}
+
+
 def merged(parts: Iterable[dict[str, Any]], scheduled: int) -> LoadReport:
     """The run's report from the workers' parts; ``scheduled``: the plan's tasks, so that the tasks of a share
     whose part never came count as unfinished. Send and wall seconds are the latest worker's."""
@@ -67,6 +73,7 @@ def worker_rows(parts: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
                 "completed": out["completed"],
                 "send_seconds": p["send_seconds"],
                 "wall_seconds": p["wall_seconds"],
+                **({"error": p["error"]} if "error" in p else {}),
             }
         )
     return rows

@@ -13,6 +13,7 @@ import operator
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 #: every quantity a threshold can name: (unit, meaning). The summary's numeric keys, two derived from them
@@ -107,10 +108,21 @@ def lines(summary: Mapping[str, Any]) -> list[str]:
     """The summary as the terminal shows it: one key a line, its value and its unit."""
     out = []
     for key, value in summary.items():
-        shown = f"{value:.4g}" if isinstance(value, float) else str(value)
+        if isinstance(value, list):  # a distributed locust run's workers: a line each
+            out.append(f"  {key}")
+            for row in value:
+                out.append("    " + ", ".join(f"{k} {_shown(v)}" for k, v in row.items()))
+            continue
+        shown = _shown(value)
         unit = METRICS.get(key, ("", ""))[0] if value is not None else ""
+        if key == "start_epoch" and isinstance(value, float):  # model time 0 of a locust run
+            shown = datetime.fromtimestamp(value, UTC).isoformat(sep=" ", timespec="milliseconds")
         out.append(f"  {key:<16} {shown} {unit}".rstrip())
     return out
+
+
+def _shown(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def verdicts(thresholds: list[Threshold], summary: Mapping[str, Any]) -> list[dict[str, Any]]:
