@@ -207,3 +207,29 @@ def test_tail_levels_rare_on_both_sides_are_not_compared() -> None:
         if v.metric.startswith("occupancy_tail")
     )
     assert v.worst_j == 2 and "1 points" in v.why  # level 1 left out, level 2 compared
+
+
+@pytest.mark.parametrize(("metric", "value"), [("mean_sojourn", 1.7), ("utility", 7.4), ("idle_nodes", 0.0)])
+def test_identical_batches_summed_in_another_order_agree(metric: str, value: float) -> None:
+    """A twin that replayed every decision differs from its cluster only in the last digits of each batch
+    (its sums ran in another order). Rounding that leans one way in every batch is no gap: the comparison
+    agrees at distance 0. A real gap of a millionth, in every batch, still disagrees."""
+    b = 10
+    rng = np.random.default_rng(2)
+    base = value + rng.random(b)
+    noise = base * (1 + 1e-13 * (1 + rng.random(b)))  # always above: a t test alone calls that a gap
+    exp = experiment()
+    sojourns = [[1.0]] * b
+
+    def verdict(cluster: np.ndarray) -> object:
+        a, s = run_with({metric: cluster}, sojourns), run_with({metric: base}, sojourns)
+        return next(
+            v
+            for v in compare(Side(summarize(exp, [a], "cluster"), a), Side(summarize(exp, [s]), s))
+            if v.metric == metric
+        )
+
+    same = verdict(noise)
+    assert same.paired and same.agrees is True and same.distance == 0.0
+    gap = verdict(base * (1 + 1e-6))
+    assert gap.agrees is False

@@ -11,6 +11,11 @@ cannot.
 Positive quantities whose effect is relative (sojourn times, tasks, messages per task) are compared on
 the log scale: the per-batch log ratio, whose mean exp()-1 is the relative gap. The others (fractions,
 utility, SLTA's index) are compared by their per-batch difference.
+
+Two runs that made the very same decisions (a twin that replayed every one) still sum their integrals in
+another order, so their batch values can differ in the last digits. A per-batch gap within ``ROUNDING`` of
+the values' size is that rounding, not a gap, and counts as 0: otherwise identical batches whose
+rounding happened to lean one way would "disagree" by many standard errors of nothing.
 """
 
 from __future__ import annotations
@@ -36,6 +41,10 @@ LOG_SCALE = frozenset(
         "messages_per_task",
     }
 )
+
+#: a per-batch gap at most this share of the values' size is floating-point rounding (doubles carry
+#: about 1e-16; sums over a batch's events lose a few digits more), far below any gap a run can show
+ROUNDING = 1e-9
 
 
 @dataclass(frozen=True)
@@ -110,8 +119,11 @@ def pair(a: dict[int, float], b: dict[int, float], log_scale: bool) -> Paired | 
         return None
     if scale == "log_ratio":
         d = np.array([math.log(a[p] / b[p]) for p in common])
+        size = np.ones(len(common))
     else:
         d = np.array([a[p] - b[p] for p in common])
+        size = np.array([max(abs(a[p]), abs(b[p])) for p in common])
+    d[np.abs(d) <= ROUNDING * size] = 0.0
     n = len(d)
     se = float(d.std(ddof=1)) / math.sqrt(n) if n >= 2 else None
     return Paired(scale, float(d.mean()), se, max(n - 1, 0), n)
