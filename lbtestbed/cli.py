@@ -391,6 +391,14 @@ def cmd_load(args: argparse.Namespace) -> int:
         print(f"lbt: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     exp, tasks = plan.exp, plan.tasks
+    from lbtestbed.model.conditions import speed_varies
+
+    if varies := speed_varies(exp):
+        print(
+            f"lbt: warning: {varies}, but lbt load does not set the run's clock: the node hosts do not apply "
+            "speed schedules or antagonists to this load (lbt run does)",
+            file=sys.stderr,
+        )
     if args.record:
         write_trace(Path(args.record), tasks)
     if not args.quiet:

@@ -31,6 +31,7 @@ from lbtestbed.model.conditions import SpeedChange, speed_changes, speed_varies
 from lbtestbed.model.spec import SpecError, parse_spec
 from lbtestbed.model.workload import PoissonWorkload
 
+LBT = (sys.executable, "-m", "lbtestbed.cli")
 BASE = """
 name = "speeds"
 seed = 11
@@ -602,3 +603,23 @@ def test_lbt_run_applies_schedules_and_antagonists_and_agrees_with_its_twin(tmp_
         assert v["relative"] == pytest.approx(math.expm1(mean), rel=1e-9, abs=1e-12)
     theory = out["results"]["theory"]["metrics"]
     assert theory["mean_sojourn"]["value"] is None and theory["messages_per_task"]["value"] == 4.0
+
+
+def test_lbt_load_warns_that_it_sets_no_clock_for_the_speed_changes(tmp_path: Path) -> None:
+    """lbt load sends no run origin, so the node hosts apply no schedules or antagonists: it says so (and
+    says nothing when the spec has none)."""
+    for antagonist, warned in (
+        ("antagonist = { factor = 0.5, mean_on = 1.0, mean_off = 3.0 }\n", True),
+        ("", False),
+    ):
+        spec = tmp_path / "s.toml"
+        spec.write_text(BASE.replace('name = "a"\n', f'name = "a"\n{antagonist}'))
+        proc = subprocess.run(
+            [*LBT, "load", str(spec), "--dispatcher", "http://127.0.0.1:9", "--duration", "1", "--quiet"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode != 2, proc.stderr
+        said = "lbt: warning: classes[0].antagonist changes the speed" in proc.stderr
+        assert said == warned and ("does not set the run's clock" in proc.stderr) == warned, proc.stderr
