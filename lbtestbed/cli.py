@@ -766,7 +766,8 @@ def build_parser() -> argparse.ArgumentParser:
         "each task's intended send time. --schedule changes the rate over time; --locust sends the same "
         "tasks from locust instead (docs/load.md); with --locust, options after -- go to locust as they "
         "are: lbt load SPEC --locust -- --csv out --html report.html. Exit code 0 when every task "
-        "completed, 1 otherwise.",
+        "completed, 1 otherwise; with --threshold, 0 when every threshold holds and 1 when one fails; 2 "
+        "for bad input.",
     )
     load.add_argument(
         "spec",
