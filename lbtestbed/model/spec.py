@@ -38,6 +38,7 @@ POLICIES = (
     "scheme1",
     "scheme2",
     "peak_ewma",
+    "prequal",
 )
 TIE_BREAKS = ("random", "fastest", "slowest", "longest_idle", "fastest_idle")
 UTILITY_POLICIES = ("jlmu", "slta")
@@ -80,6 +81,17 @@ POLICY_KEYS: dict[str, tuple[str, ...]] = {
     "slta": ("beta", "beta_scale", "rank_order", "view"),
     "scheme1": ("d",),
     "scheme2": ("d",),
+    "prequal": (
+        "r_probe",
+        "r_remove",
+        "pool_size",
+        "max_age",
+        "delta",
+        "b_reuse",
+        "q_rif",
+        "rif_history",
+        "latency_window",
+    ),
 }
 
 
@@ -97,6 +109,7 @@ MESSAGE_KINDS: dict[str, tuple[str, ...]] = {
     "scheme2": ("probe", "probe_reply"),
     "jiq": ("idle_token", "token_probe", "token_count"),
     "slta": ("token_departure", "token_arrival", "token_epoch", "epoch"),
+    "prequal": ("prequal_probe", "prequal_reply"),
 }
 
 #: what each dispatcher of several sees (docs/spec.md, "`view`"): the tasks it routed, or every task
@@ -149,6 +162,24 @@ class Workload:
 
 
 @dataclass(frozen=True)
+class PrequalParams:
+    """Prequal's parameters, named as Wydrowski et al. 2024 (arXiv 2312.10172) name them (docs/spec.md,
+    "`prequal`"): probes per query, probes removed per query, the pool's size m, its age limit (model
+    seconds), delta and the reuse budget of Eq. 1 (None: derived), the RIF quantile and over how many recent
+    replies it is taken, and how many recent latencies a node keeps for its estimate."""
+
+    r_probe: float = 3.0
+    r_remove: float = 1.0
+    pool_size: int = 16
+    max_age: float = 1.0
+    delta: float = 1.0
+    b_reuse: float | None = None
+    q_rif: float = 2**-0.25
+    rif_history: int = 16
+    latency_window: int = 64
+
+
+@dataclass(frozen=True)
 class PolicySpec:
     name: str
     d: int | tuple[int, ...] | None = None
@@ -167,6 +198,7 @@ class PolicySpec:
     # starting estimate of a node never observed (None: Finagle's, 0 with a penalty while it has requests)
     decay_time: float = 10.0
     default_rtt: float | None = None
+    prequal: PrequalParams | None = None  # prequal's parameters (None for the other policies)
 
 
 @dataclass(frozen=True)
@@ -681,6 +713,7 @@ def _parse_policy(r: _Reader, classes: Sequence[NodeClass], n: int) -> PolicySpe
             )
     decay_time = r.number("decay_time", 10.0)
     default_rtt = r.number("default_rtt") if r.has("default_rtt") else None
+    prequal = _parse_prequal(r, n) if name == "prequal" else None
     return PolicySpec(
         name=name,
         d=d,
@@ -695,6 +728,32 @@ def _parse_policy(r: _Reader, classes: Sequence[NodeClass], n: int) -> PolicySpe
         active_request_bias=r.number("active_request_bias", 1.0, positive=False),
         decay_time=decay_time,
         default_rtt=default_rtt,
+        prequal=prequal,
+    )
+
+
+def _parse_prequal(r: _Reader, n: int) -> PrequalParams:
+    """Prequal's keys (docs/spec.md, "`prequal`"), each with the paper's default."""
+    dflt = PrequalParams()
+    r_probe = r.number("r_probe", default=dflt.r_probe)
+    if r_probe > n:
+        raise r.fail("r_probe", f"probes {r_probe:g} distinct nodes per query but the spec has only {n}")
+    q_rif = r.number("q_rif", default=dflt.q_rif, positive=False)
+    if q_rif > 1:
+        raise r.fail("q_rif", f"is a quantile: from 0 to 1, got {q_rif:g}")
+    b_reuse = r.number("b_reuse") if r.has("b_reuse") else None
+    if b_reuse is not None and b_reuse < 1:
+        raise r.fail("b_reuse", f"a probe serves at least one query: must be at least 1, got {b_reuse:g}")
+    return PrequalParams(
+        r_probe=r_probe,
+        r_remove=r.number("r_remove", default=dflt.r_remove, positive=False),
+        pool_size=r.integer("pool_size", default=dflt.pool_size, minimum=1, maximum=MAX_NODES),
+        max_age=r.number("max_age", default=dflt.max_age),
+        delta=r.number("delta", default=dflt.delta, positive=False),
+        b_reuse=b_reuse,
+        q_rif=q_rif,
+        rif_history=r.integer("rif_history", default=dflt.rif_history, minimum=1, maximum=100_000),
+        latency_window=r.integer("latency_window", default=dflt.latency_window, minimum=1, maximum=100_000),
     )
 
 

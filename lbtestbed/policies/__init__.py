@@ -12,6 +12,7 @@ from lbtestbed.policies.jiq import IdleTokenSender, JIQDispatcher
 from lbtestbed.policies.jlmu import JLMUDispatcher, ranking_of
 from lbtestbed.policies.jsq import DepartureNotifier, JSQDispatcher
 from lbtestbed.policies.peak_ewma import PeakEwmaDispatcher
+from lbtestbed.policies.prequal import PrequalDispatcher, PrequalNode
 from lbtestbed.policies.sampling import LeastRequestDispatcher, PowerOfDDispatcher
 from lbtestbed.policies.slta import SLTADispatcher, SLTANode, Thresholds
 from lbtestbed.policies.static import RandomDispatcher, RoundRobinDispatcher
@@ -42,6 +43,7 @@ DISPATCHERS: dict[str, type[DispatcherSide]] = {
         Scheme1Dispatcher,
         Scheme2Dispatcher,
         PeakEwmaDispatcher,
+        PrequalDispatcher,
     )
 }
 
@@ -50,6 +52,7 @@ NODE_SIDES: dict[str, type[NodeSide]] = {
     "jlmu": DepartureNotifier,
     "jiq": IdleTokenSender,
     "slta": SLTANode,
+    "prequal": PrequalNode,
 }
 
 
@@ -64,11 +67,14 @@ MESSAGE_ID: dict[str, tuple[int, ...]] = {
     "token_arrival": (2,),
     "token_epoch": (0, 2),  # the epoch it answers, and the pool's event number
     "epoch": (0,),
+    "prequal_probe": (0,),  # the dispatcher's probe number
+    "prequal_reply": (0,),  # the probe it answers
 }
 
 #: kinds a node accepts from a dispatcher (probes have their own endpoint)
 NODE_BOUND: dict[str, tuple[str, ...]] = {
-    name: {"slta": ("epoch",), "jiq": ("token_count",)}.get(name, ()) for name in MESSAGE_KINDS
+    name: {"slta": ("epoch",), "jiq": ("token_count",), "prequal": ("prequal_probe",)}.get(name, ())
+    for name in MESSAGE_KINDS
 }
 #: kinds a dispatcher accepts from nodes
 DISPATCHER_BOUND: dict[str, tuple[str, ...]] = {

@@ -141,6 +141,9 @@ class NodeSide:
 
     #: whether its rules draw random numbers: each node then gets a stream of its own (``node_random``)
     draws: ClassVar[bool] = False
+    #: whether it wants ``on_served`` with the latency of each task its node served (Prequal's estimate);
+    #: the drivers pay for keeping each task's arrival only when a node side asks
+    records_latency: ClassVar[bool] = False
 
     def __init__(self, exp: Experiment, node: int, rng: random.Random, dispatchers: int = 1) -> None:
         self.node = node
@@ -155,6 +158,10 @@ class NodeSide:
     def on_departure(self, x: int, origin: int) -> tuple[Message, ...]:
         """A task left (``x`` tasks present now); ``origin`` routed it."""
         return NO_MESSAGES
+
+    def on_served(self, found: int, latency: float) -> None:
+        """A task left after ``latency`` model seconds at the node (arrival to completion); it found
+        ``found`` tasks there when it arrived. Called before ``on_departure``, when ``records_latency``."""
 
     def probe_reply(self, x: int) -> int:
         """What a probe learns from a node holding ``x`` tasks: its occupancy, tasks waiting included."""

@@ -64,6 +64,9 @@ class NodeHost:
             zip(self.ids, make_node_sides(exp, rng, self.ids, max(1, len(dispatchers))), strict=True)
         )
         self.models: dict[int, NodeModel] = {}
+        # node sides that learn from each task's latency (Prequal): how many tasks each task found on arrival
+        self.records_latency = any(type(s).records_latency for s in self.sides.values())
+        self.found: dict[int, int] = {}
         self.delay = None
         if exp.network.delay is not None:
             self.delay = BlockSampler(
@@ -224,6 +227,8 @@ class NodeHost:
         task = model.complete(max(t, model.last))
         self.scheduled.pop(k, None)
         fut = self.waiting.pop(task.id, None)
+        if self.records_latency and task.id in self.found:
+            self.sides[k].on_served(self.found.pop(task.id), model.last - task.arrived)
         msgs = self.sides[k].on_departure(model.x, task.origin)
         # without an emulated delay, messages for the dispatcher that routed this task ride on its reply
         if fut is not None and not fut.done() and self._riders():
@@ -318,6 +323,8 @@ class NodeHost:
         fut: asyncio.Future[tuple[float, list[Message], float]] = self.loop.create_future()
         self.waiting[task.id] = fut
         waited = model.arrive(task, t)
+        if self.records_latency:
+            self.found[task.id] = model.x - 1
         self._schedule(k)
         try:
             self._send(self.sides[k].on_arrival(model.x, origin, piggyback), self.t0 + t * self.scale)
@@ -363,6 +370,8 @@ class NodeHost:
                 return wire.error(400, f"message for node {m.node} posted to node {k}", f"messages[{i}].node")
         ride: list[Message] = []
         now = time.monotonic()
+        if self.records_latency:  # a Prequal probe reads the node's state now: departures due come first
+            self._catch_up(k, max(self.now(), self.models[k].last))
         for i, m in enumerate(msgs):
             self.ages.observe(m, wire.sent_at(body["messages"][i]), now)
             try:

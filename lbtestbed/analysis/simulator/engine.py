@@ -87,6 +87,9 @@ class Simulator:
         ]
         self.split = DispatcherSplit(exp, replication)
         self.sides = make_node_sides(exp, policy_rng, dispatchers=k, replication=replication)
+        # node sides that learn from each task's latency (Prequal): what each task found on arrival, and when
+        self.records_latency = any(type(s).records_latency for s in self.sides)
+        self.at_node: dict[int, tuple[int, float]] = {}
         self.nodes: list[NodeModel] = [
             make_node(exp.classes[c].discipline, s, exp.classes[c].utility)
             for c, s in zip(exp.node_class, exp.node_speeds, strict=True)
@@ -273,6 +276,8 @@ class Simulator:
                 return
         node = self.nodes[k]
         waits = node.arrive(task, self.now)
+        if self.records_latency:
+            self.at_node[task.id] = (node.x - 1, self.now)
         if task.batch >= 0 and self.is_fcfs[k]:
             self.fcfs_arrivals[task.batch] += 1
             self.fcfs_waits[task.batch] += waits
@@ -306,6 +311,9 @@ class Simulator:
             self.sojourn[task.batch].append(s)
             self.sojourn_class[self.exp.node_class[k]][task.batch].append(s)
             self.outstanding -= 1
+        if self.records_latency:
+            found, at = self.at_node.pop(task.id)
+            self.sides[k].on_served(found, t - at)
         msgs = self.sides[k].on_departure(node.x, task.origin)
         if msgs:
             self._to_dispatcher(msgs)
@@ -404,7 +412,8 @@ class Simulator:
         wall = time.perf_counter()
         boundaries, drain_until = self._window()
         gray = self.speed_changes or self.fail_windows  # the fused loops know neither
-        if self.delay is None and len(self.dispatchers) == 1 and not gray:  # and one dispatcher
+        fused = not gray and not self.records_latency  # nor a node side that learns latencies
+        if self.delay is None and len(self.dispatchers) == 1 and fused:  # and one dispatcher
             self._run_direct(boundaries, drain_until)
         else:
             self._run_general(boundaries, drain_until)

@@ -172,6 +172,9 @@ class TwinSimulator(Simulator):
             self.sojourn[task.batch].append(s)
             self.sojourn_class[self.exp.node_class[k]][task.batch].append(s)
             self.outstanding -= 1
+        if self.records_latency:
+            found, at = self.at_node.pop(task.id)
+            self.sides[k].on_served(found, t - at)
         msgs = self.sides[k].on_departure(node.x, task.origin)
         ride: tuple[Message, ...] = ()
         if self.emulation.riders:

@@ -160,6 +160,8 @@ def predict(exp: Experiment) -> Result:
             _join_idle(exp, p)
         elif policy in ("scheme1", "scheme2"):
             _schemes(exp, p)
+        elif policy == "prequal":
+            p.null_many(QUEUE_METRICS, f"Prequal has no queueing theory ({_doc('Prequal: no theory')})")
     else:
         p.null_many(QUEUE_METRICS, "mixed pools and queues: no formula covers them together")
     if (
@@ -195,6 +197,10 @@ def _messages(exp: Experiment) -> tuple[float | None, str, str, list[str]]:
     if name in ("scheme1", "scheme2"):
         assert isinstance(d, tuple)
         return 2.0 * sum(d), f"2 sum(d_j) = {2 * sum(d)}", f"{PS_PAPER} §2; {SENDS}", []
+    if name == "prequal":
+        assert exp.policy.prequal is not None
+        r = exp.policy.prequal.r_probe
+        return 2.0 * r, f"2 r_probe = {2 * r:g}: r_probe probes and their replies", SENDS, []
     k = exp.policy.dispatchers
     if name in ("jsq", "jlmu") and exp.policy.view == "full" and k > 1:
         return 2.0 * k - 1, f"2K - 1 = {2 * k - 1}: K - 1 arrival and K departure notices", SENDS, []
