@@ -102,6 +102,7 @@ POLICIES: dict[str, tuple[dict[str, Any], bool]] = {
     "least_request": ({"name": "least_request", "d": 2}, False),
     "least_request_weighted": ({"name": "least_request", "weights": "speed"}, False),
     "peak_ewma": ({"name": "peak_ewma"}, False),
+    "prequal": ({"name": "prequal"}, False),
     "jiq": ({"name": "jiq"}, False),
     "jiq_longest_idle": ({"name": "jiq", "tie_break": "longest_idle"}, False),
     "jiq_fastest": ({"name": "jiq", "tie_break": "fastest"}, False),
