@@ -18,6 +18,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -352,8 +353,9 @@ def wait_for(check: Callable[[], bool], what: str, timeout: float = 30.0) -> Non
 
 
 def test_a_second_start_from_the_web_ui_runs_the_workload_again(tmp_path: Path) -> None:
-    spec = tmp_path / "dist.toml"
-    spec.write_text(DIST_SPEC)
+    spec = tmp_path / "ui.toml"
+    # exponential work sizes: each task of the plan is known at the sink by its work
+    spec.write_text(DIST_SPEC.replace('dist = "deterministic"', 'dist = "exponential"'))
     port = free_port()
     ui = f"http://127.0.0.1:{port}"
     with SlowServer(hold=0.0) as sink:
@@ -362,8 +364,10 @@ def test_a_second_start_from_the_web_ui_runs_the_workload_again(tmp_path: Path) 
             "--lbt-duration", "1",
         )  # fmt: skip
         try:
-            plan1 = build_plan(load_spec(spec), duration=1.0, dispatchers=[sink.url])
-            plan2 = build_plan(load_spec(spec), duration=2.0, dispatchers=[sink.url])
+            plan1 = [w for _, w in build_plan(load_spec(spec), duration=1.0, dispatchers=[sink.url]).tasks]
+            plan2 = [w for _, w in build_plan(load_spec(spec), duration=2.0, dispatchers=[sink.url]).tasks]
+            n1 = len(plan1)
+            assert len(set(plan2)) == len(plan2) and plan2[:n1] == plan1  # the longer plan extends it
 
             def state() -> str | None:
                 """The runner's state as the web UI's page shows it (its /stats/requests is cached)."""
@@ -378,24 +382,27 @@ def test_a_second_start_from_the_web_ui_runs_the_workload_again(tmp_path: Path) 
             # the form says what START sends (its custom parameter lbt_run): the plan's count of tasks
             with urllib.request.urlopen(ui, timeout=10) as resp:
                 page = resp.read().decode()
-            assert f"dist: {len(plan1.tasks)} tasks, open loop" in page
+            assert f"dist: {n1} tasks, open loop" in page
             form = {"user_count": "0", "spawn_rate": "0", "host": sink.url}
-            # START, then STOP while it sends: the first run is cut short
+            # START, then STOP while it sends: the first run is cut short after k tasks
             assert ui_call(f"{ui}/swarm", form)["success"]
             wait_for(lambda: sink.tasks >= 10, "tasks of the first run")
             ui_call(f"{ui}/stop", {})
             wait_for(lambda: state() == "stopped", "stop")
             first = sink.tasks
-            assert 10 <= first < len(plan1.tasks)
-            # START again: the whole plan from its beginning, and the run ends on its own
+            # START again: the whole plan from its beginning, and the run ends on its own (its replies in)
             assert ui_call(f"{ui}/swarm", form)["success"]
-            wait_for(lambda: sink.tasks >= first + len(plan1.tasks) and state() == "stopped", "second run")
-            second = [w for _, w in sink.arrivals[first:]]
-            assert sorted(second) == sorted(w for _, w in plan1.tasks)
+            wait_for(lambda: sink.tasks >= first + n1 and state() == "stopped", "second run")
             # and a third START with another duration in the form's custom parameters: the plan for it
+            second = sink.tasks
             assert ui_call(f"{ui}/swarm", {**form, "lbt_duration": "2"})["success"]
-            done = first + len(plan1.tasks)
-            wait_for(lambda: sink.tasks >= done + len(plan2.tasks) and state() == "stopped", "third run")
-            assert sorted(w for _, w in sink.arrivals[done:]) == sorted(w for _, w in plan2.tasks)
+            wait_for(lambda: sink.tasks >= second + len(plan2) and state() == "stopped", "third run")
         finally:
             stop_all([proc])
+        seen = Counter(w for _, w in sink.arrivals)
+    # Task j of the longer plan reached the sink once per run that sent it: the first run sent tasks
+    # 0..k-1 (cut short: 10 <= k < n1), the second the shorter plan's n1, the third the longer plan's.
+    k = sum(1 for w in plan1 if seen[w] == 3)
+    assert 10 <= k < n1
+    assert [seen[w] for w in plan2] == [(j < k) + (j < n1) + 1 for j in range(len(plan2))]
+    assert sum(seen.values()) == k + n1 + len(plan2)

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import gevent
+from gevent import GreenletExit
 from gevent.pool import Group
 from locust import FastHttpUser, LoadTestShape, User, events, task
 from locust.env import Environment
@@ -168,23 +169,27 @@ class Run:
         scale = plan.time_scale
         group = Group()
         start = self.start
-        for i in self.share:
-            t, work = plan.tasks[i]
-            intended = start + t * scale
-            now = time.monotonic()
-            while now < intended:  # re-check: a timer may fire a little early
-                gevent.sleep(intended - now)
+        try:
+            for i in self.share:
+                t, work = plan.tasks[i]
+                intended = start + t * scale
                 now = time.monotonic()
-            if self.outstanding >= plan.max_outstanding:
-                report.lateness.append(now - intended)
-                if now - intended > LATE:
-                    report.late += 1
-                report.outcomes["dropped"] += 1
-                continue
-            self.outstanding += 1
-            group.spawn(self.post, client, i, t, work, intended, True)
-        report.send_seconds = time.monotonic() - start
-        group.join(timeout=plan.drain)
+                while now < intended:  # re-check: a timer may fire a little early
+                    gevent.sleep(intended - now)
+                    now = time.monotonic()
+                if self.outstanding >= plan.max_outstanding:
+                    report.lateness.append(now - intended)
+                    if now - intended > LATE:
+                        report.late += 1
+                    report.outcomes["dropped"] += 1
+                    continue
+                self.outstanding += 1
+                group.spawn(self.post, client, i, t, work, intended, True)
+            report.send_seconds = time.monotonic() - start
+            group.join(timeout=plan.drain)
+        except GreenletExit:  # STOP: a task not on its way yet does not leave after it
+            group.kill(block=False)
+            raise
         report.wall_seconds = time.monotonic() - start
         self.done = True
 
