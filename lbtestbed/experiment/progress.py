@@ -21,7 +21,6 @@ from rich.progress import (
     TaskProgressColumn,
     TextColumn,
     TimeElapsedColumn,
-    TimeRemainingColumn,
 )
 from rich.progress import Progress as RichProgress
 from rich.text import Text
@@ -29,16 +28,35 @@ from rich.text import Text
 EVERY = 10.0  # wall seconds between plain lines
 
 
+def _average(task: Task) -> float | None:
+    """The work done per second since the start (rich's own estimate follows the last few updates, which
+    for a few coarse steps, such as sweep points finishing together, says nothing)."""
+    elapsed = task.elapsed
+    return task.completed / elapsed if elapsed and task.completed else None
+
+
 class _Rate(ProgressColumn):
-    """The rate rich estimates, in the work's own unit per second."""
+    """The average rate, in the work's own unit per second (or per minute)."""
 
     def __init__(self, unit: str) -> None:
         super().__init__()
         self.unit = unit
 
     def render(self, task: Task) -> Text:
-        speed = task.finished_speed or task.speed
-        return Text("" if speed is None else rate_text(speed, self.unit))
+        rate = _average(task)
+        return Text("" if rate is None else rate_text(rate, self.unit))
+
+
+class _Left(ProgressColumn):
+    """The time left at the average rate."""
+
+    def render(self, task: Task) -> Text:
+        rate = _average(task)
+        if task.finished:
+            return Text("left 0:00")
+        if rate is None or task.total is None:
+            return Text("left -:--")
+        return Text(f"left {_clock((task.total - task.completed) / rate)}")
 
 
 def rate_text(per_second: float, unit: str) -> str:
@@ -83,7 +101,7 @@ class Progress:
             ]
             if rate:
                 columns.append(_Rate(unit))
-            columns += [TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn()]
+            columns += [TimeElapsedColumn(), _Left()]
             self.bar = RichProgress(
                 *columns, console=Console(file=self.stream), auto_refresh=False, transient=False
             )
