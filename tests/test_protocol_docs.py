@@ -234,7 +234,9 @@ def test_protocol_md_accepted_kinds_are_the_bound_kinds() -> None:
 
 
 def documented_metrics(title: str) -> set[str]:
-    return set(re.findall(r"^\| `(lbtestbed_\w+)` \|", protocol_md_section(title), re.M))
+    """The metrics of a section, with those every process exports (the client library's collectors)."""
+    rows = protocol_md_section(title) + protocol_md_section("### Every process")
+    return set(re.findall(r"^\| `((?:lbtestbed|process|python)_\w+)` \|", rows, re.M))
 
 
 def exported_metrics(text: str) -> set[str]:

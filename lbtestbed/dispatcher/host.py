@@ -133,6 +133,7 @@ class DispatcherHost:
         ]
         self.background: set[asyncio.Task[None]] = set()
         self.registry = CollectorRegistry(auto_describe=False)
+        wire.standard_collectors(self.registry)  # process CPU, memory, descriptors, GC
         self.sojourn = Histogram(
             "lbtestbed_dispatcher_sojourn_model_seconds",
             "Time from accepting a task to its completion, model seconds",

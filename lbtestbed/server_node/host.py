@@ -109,6 +109,7 @@ class NodeHost:
         self.guard: ConnectionGuard | None = None  # the listener's, set by the process that serves it
         # the collector of metrics.py reads the rest of the state at scrape time; these observe events
         self.registry = CollectorRegistry(auto_describe=False)
+        wire.standard_collectors(self.registry)  # process CPU, memory, descriptors, GC
         self.collected = False  # whether metrics.registry_for registered its collector
         self.lateness = Histogram(
             "lbtestbed_node_timer_lateness_seconds",

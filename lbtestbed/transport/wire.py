@@ -297,6 +297,18 @@ def run_with(app: web.Application, host: Any) -> web.Application:
     return app
 
 
+def standard_collectors(registry: Any) -> None:
+    """The client library's own collectors on a registry of ours (every process's ``/metrics``): the
+    process (``process_cpu_seconds_total``, ``process_resident_memory_bytes``, ``process_open_fds``, ...,
+    read from ``/proc`` at the scrape), the platform (``python_info``) and the garbage collector
+    (``python_gc_collections_total{generation}``, ...). docs/protocol.md, "Every process"."""
+    from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
+
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+
+
 def counters_by_kind(name: str, doc: str, counts: Mapping[str, int]) -> Any:
     """A counter family with one series per message kind (kinds are checked per policy: bounded)."""
     from prometheus_client.core import CounterMetricFamily
