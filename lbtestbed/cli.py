@@ -6,6 +6,7 @@ Exit codes: 0 success, 1 the run failed, 2 bad input (spec or arguments).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -117,6 +118,10 @@ def run_size_problem(exp: Experiment) -> str | None:
     # (experiment.runner.drain_arrivals); the larger of the two, without importing the runner
     horizon = exp.run.warmup + 1.2 * exp.run.duration
     return sent_tasks_problem(exp, horizon, "the run")
+
+
+def _say(line: str) -> None:
+    print(f"lbt: {line}", file=sys.stderr)
 
 
 def _bad_input(message: str) -> int:
@@ -358,6 +363,8 @@ def cmd_load(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_BAD_INPUT
+    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+        return _bad_input(f"--metrics-port {args.metrics_port}: not a TCP port (0 picks a free one)")
     if args.locust_mode == "closed" and args.record:
         print("lbt: error: --record: a closed loop has no arrival times to record", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -427,24 +434,36 @@ def cmd_load(args: argparse.Namespace) -> int:
             print(f"lbt: error: {e}", file=sys.stderr)
             return EXIT_FAILED
     else:
+        from lbtestbed.cluster.prometheus import config_dir, serve_generator
         from lbtestbed.experiment.progress import Progress
+        from lbtestbed.loadgen.openloop import LoadReport
 
-        bar = None if args.quiet else Progress(f"{exp.name}: sent", len(tasks), "tasks")
-        try:
-            report = run_load(
-                urls,
-                tasks,
-                exp.run.time_scale,
-                args.max_outstanding,
-                None if bar is None else lambda done, total: bar.update(done),
-                deadline=args.deadline,
-            )
-            if bar is not None:  # the tasks the schedule went through (it reports once a second)
-                bar.update(report.scheduled - report.outcomes["unsent"])
-            summary = report.summary()
-        finally:
-            if bar is not None:
-                bar.close()
+        report = LoadReport(scheduled=len(tasks))  # from the first scrape on
+        # with --dispatcher the cluster file is not read: a Prometheus scrapes the generator only if asked
+        scraped_by = None if args.dispatcher else config_dir(Path(args.cluster))
+        with contextlib.ExitStack() as serving:
+            try:
+                serving.enter_context(serve_generator(report, exp, args.metrics_port, scraped_by, _say))
+            except OSError as e:  # the port is taken, or not ours to bind
+                print(f"lbt: error: --metrics-port {args.metrics_port}: {e.strerror or e}", file=sys.stderr)
+                return EXIT_FAILED
+            bar = None if args.quiet else Progress(f"{exp.name}: sent", len(tasks), "tasks")
+            try:
+                run_load(
+                    urls,
+                    tasks,
+                    exp.run.time_scale,
+                    args.max_outstanding,
+                    None if bar is None else lambda done, total: bar.update(done),
+                    deadline=args.deadline,
+                    report=report,
+                )
+                if bar is not None:  # the tasks the schedule went through (it reports once a second)
+                    bar.update(report.scheduled - report.outcomes["unsent"])
+                summary = report.summary()
+            finally:
+                if bar is not None:
+                    bar.close()
         if summary["interrupted"]:
             print(
                 f"lbt: interrupted: {summary['sent']} of {summary['scheduled']} tasks sent so far, "
@@ -818,6 +837,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="TEXT",
         help="rate schedule over model time instead of the spec's constant rate: steps DURATION@MULT and "
         "ramps DURATION@MULT->MULT, MULT times the spec's rate, e.g. '60@1, 30@1->2, 60@2' (docs/load.md)",
+    )
+    load.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve the generator's Prometheus metrics on 127.0.0.1:PORT/metrics while it runs (0: a free "
+        "port, printed). Default: a free port when the cluster was started with --with-prometheus, which "
+        "then scrapes it; no server otherwise (docs/load.md, Monitoring the generator)",
     )
     load.add_argument(
         "--locust",

@@ -6,6 +6,9 @@ until ``/-/ready``. The directory holds:
 
 - ``targets.json``: file-based service discovery, one entry per dispatcher and node host, labelled with
   ``role``, ``index``, ``cluster`` (the spec's name) and ``policy``;
+- ``generators/``: one more discovery file per load generator running against the cluster (``lbt load``,
+  ``lbt run``), ``<pid>.json``, which the generator writes when its ``/metrics`` serves and removes when
+  it ends (``register_generator``, ``serve_generator``): role ``loadgen``, index its pid;
 - ``prometheus.yml``: scrape and rule-evaluation interval, the discovery file, the rule files;
 - the rule files of ``deploy/prometheus`` (copied, so that the running server does not change under edits);
 - ``constants.yml``: recording rules that hold constants PromQL cannot compute: the spec's arrival rate
@@ -21,8 +24,10 @@ their own Prometheus (compose, Kubernetes).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -30,18 +35,21 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lbtestbed.cluster.processes import Started, free_ports, stop_all
 from lbtestbed.model.spec import Experiment, SpecError, load_spec
 from lbtestbed.transport.cluster_file import LOOPBACK, ClusterFile
+from lbtestbed.transport.wire import sojourn_buckets
 
 #: the rule files of the repository, loaded by every server this module starts
 RULES_DIR = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
 RULE_FILES = ("recording_rules.yml", "alerting_rules.yml")
 CONSTANTS_FILE = "constants.yml"
+GENERATORS = "generators"  # the directory of the load generators' discovery files
+DISCOVERY_DELAY = 5.0  # seconds: Prometheus passes discovered target changes on at most this often
 JOB = "lbtestbed"
 #: the recording rules average over 1 min and the alerts over 20 s: an interval above 10 s leaves too few
 #: samples in a window; every scrape costs the measured processes CPU, so none faster than 0.1 s
@@ -49,6 +57,10 @@ MIN_INTERVAL, MAX_INTERVAL = 0.1, 10.0
 INSTALL_HINT = (
     "install it with `make prometheus` (Debian/Ubuntu: apt-get install prometheus) or put it on PATH"
 )
+
+if TYPE_CHECKING:  # numpy and the generator are imported only by the commands that serve its metrics
+    from lbtestbed.loadgen.metrics import MetricsServer
+    from lbtestbed.loadgen.openloop import LoadReport
 
 Labels = dict[str, str]
 
@@ -92,7 +104,11 @@ def server_config(rule_files: Sequence[str], targets_file: str, scrape_interval:
                 # the dispatcher exports its own `policy` label on decisions_total, with the same value as
                 # the target's; without honor_labels Prometheus would rename it to exported_policy
                 "honor_labels": True,
-                "file_sd_configs": [{"files": [targets_file], "refresh_interval": "5s"}],
+                # the cluster's processes, and the load generators that register themselves (file
+                # changes are seen at once: Prometheus watches the directories)
+                "file_sd_configs": [
+                    {"files": [targets_file, f"{GENERATORS}/*.json"], "refresh_interval": "5s"}
+                ],
             }
         ],
     }
@@ -149,12 +165,91 @@ def write_config(
     # JSON is YAML: no YAML library needed at run time
     (directory / CONSTANTS_FILE).write_text(json.dumps(constant_rules(exp, name), indent=1))
     rule_files.append(CONSTANTS_FILE)
+    shutil.rmtree(directory / GENERATORS, ignore_errors=True)  # left by a generator that was killed
+    (directory / GENERATORS).mkdir()
     (directory / "targets.json").write_text(
         json.dumps(scrape_targets(cluster, name, exp.policy.name), indent=1)
     )
     config = directory / "prometheus.yml"
     config.write_text(json.dumps(server_config(rule_files, "targets.json", scrape_interval), indent=1))
     return config
+
+
+# ------------------------------------------------------------------------------ load generators
+
+
+def register_generator(directory: Path, address: str, index: int) -> Path | None:
+    """Add a load generator serving ``/metrics`` at ``address`` (host:port) to the targets of the
+    Prometheus configured in ``directory`` (``config_dir``), labelled as the cluster's processes are, with
+    role ``loadgen`` and ``index`` (its pid); returns the discovery file to remove at its end, or None when
+    no Prometheus is configured there."""
+    targets = directory / "targets.json"
+    try:
+        entries = json.loads(targets.read_text())
+    except (OSError, ValueError):
+        return None
+    shared = {
+        k: v for k, v in (entries[0]["labels"] if entries else {}).items() if k in ("cluster", "policy")
+    }
+    labels = {"role": "loadgen", "index": str(index), **shared}
+    path = directory / GENERATORS / f"{index}.json"
+    path.parent.mkdir(exist_ok=True)
+    part = path.with_suffix(".part")  # not *.json: Prometheus never reads a half-written file
+    part.write_text(json.dumps([{"targets": [address], "labels": labels}], indent=1))
+    part.replace(path)
+    return path
+
+
+def scrape_interval_of(directory: Path) -> float:
+    """The scrape interval of the configuration in ``directory`` (1 s if it cannot be read)."""
+    try:
+        text = json.loads((directory / "prometheus.yml").read_text())["global"]["scrape_interval"]
+        return int(text.removesuffix("ms")) / 1000
+    except (OSError, ValueError, KeyError, TypeError):
+        return 1.0
+
+
+@contextlib.contextmanager
+def serve_generator(
+    report: LoadReport,
+    exp: Experiment,
+    port: int | None,
+    directory: Path | None,
+    say: Callable[[str], None],
+    extra: Sequence[Any] = (),
+) -> Iterator[MetricsServer | None]:
+    """Serve a generator's metrics (``loadgen.metrics``) while it runs and register it with the
+    Prometheus configured in ``directory`` (a cluster's, or None).
+
+    ``port`` None serves only when there is a Prometheus to scrape it (on a free port); 0 is a free port.
+    At the end, a registered generator waits for one more scrape (at most two intervals and a second), so
+    that Prometheus holds its final counts, then leaves the targets and serves until Prometheus has
+    stopped scraping it (up to ``DISCOVERY_DELAY`` more seconds). ``extra``: more collectors to serve
+    (``lbt run``'s faults). OSError when the port cannot be bound."""
+    from lbtestbed.loadgen.metrics import LoadCollector, MetricsServer, registry_for
+
+    scraped = directory is not None and (directory / "targets.json").is_file()
+    if port is None and not scraped:
+        yield None
+        return
+    collector = LoadCollector(report, exp.run.time_scale, sojourn_buckets(exp))
+    registry = registry_for(collector)
+    for c in extra:
+        registry.register(c)
+    with MetricsServer(registry, port or 0, LOOPBACK) as server:
+        target = register_generator(directory, server.address, os.getpid()) if directory and scraped else None
+        where = f", scraped by the cluster's Prometheus ({target.name})" if target else ""
+        say(f"generator metrics: {server.url}{where}")
+        try:
+            yield server
+        finally:
+            if target is not None and directory is not None:
+                interval = scrape_interval_of(directory)
+                collector.wait_for_scrape(time.monotonic(), 2 * interval + 1.0)
+                target.unlink(missing_ok=True)
+                # Prometheus passes changes of its targets on at most every 5 s: serve until it stops
+                # scraping, so that its last sample of `up` is not a failed scrape of a closed port
+                collector.wait_until_unscraped(2 * interval + 0.5, DISCOVERY_DELAY + 2 * interval + 1.0)
 
 
 # ---------------------------------------------------------------------------------------- process

@@ -48,12 +48,6 @@ LOCAL_FAILURE = -1
 DISPATCHER_STREAM = 1000
 
 
-def sojourn_buckets(exp: Experiment) -> list[float]:
-    """Histogram buckets in model seconds, spread around the mean service time."""
-    m = exp.workload.service.mean / min(exp.node_speeds)
-    return [round(m * f, 6) for f in (0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 7.5, 10, 20, 50)]
-
-
 class TimeIntegral:
     """The integral over model time of a quantity that changes in steps (monotonic wall clock)."""
 
@@ -137,7 +131,7 @@ class DispatcherHost:
         self.sojourn = Histogram(
             "lbtestbed_dispatcher_sojourn_model_seconds",
             "Time from accepting a task to its completion, model seconds",
-            buckets=sojourn_buckets(exp),
+            buckets=wire.sojourn_buckets(exp),
             registry=self.registry,
         )
         self.latency = Histogram(

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import itertools
 import math
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from typing import Any
 import aiohttp
 
 from lbtestbed.analysis.comparison.compare import Side
+from lbtestbed.analysis.measurement.cpu import cpu_per_task
 from lbtestbed.analysis.measurement.measure import NODE_CLOCK, cluster_raw
 from lbtestbed.analysis.measurement.overhead import overhead_of, write_records
 from lbtestbed.analysis.measurement.scrape import Snapshot, from_query, scrape
@@ -66,6 +68,8 @@ class Measurement:
     message_ages: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     rider_ages: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     keyed_ages: dict[str, float] = field(default_factory=dict)  # by wire.message_key
+    generator_cpu: list[float] = field(default_factory=list)  # this process's CPU seconds at each boundary
+    cpu: dict[str, Any] = field(default_factory=dict)  # analysis.measurement.cpu.cpu_per_task
 
 
 def warmup_warning(exp: Experiment) -> str | None:
@@ -212,6 +216,7 @@ async def measure(
     snapshots: list[Snapshot] = []
     instants: list[tuple[float, float]] = []  # (unix time, wall seconds since model 0) of each boundary
     r_series: list[tuple[float, float]] = []
+    generator_cpu: list[float] = []
     faulty = bool(exp.faults)
     async with aiohttp.ClientSession() as session:
         origin = time.monotonic() + LEAD_IN
@@ -244,6 +249,8 @@ async def measure(
                     raise load.exception()  # type: ignore[misc]
                 if prometheus is not None:
                     instants.append((time.time(), time.monotonic() - origin))
+                cpu = os.times()
+                generator_cpu.append(cpu.user + cpu.system)  # the generator's process: this one
                 # with faults a process may be down at a boundary: its batches are dropped
                 wait = 3.0 if faulty else 10.0
                 snapshots.append(await scrape(session, urls, origin, missing_ok=faulty, timeout=wait))
@@ -270,6 +277,7 @@ async def measure(
         "message_ages": own_ages,
         "rider_ages": rider_ages,
         "keyed_ages": keyed_ages,
+        "generator_cpu": generator_cpu,
     }
     if prometheus is None:
         return Measurement(snapshots, report, r_series=r_series, **extra)
@@ -392,6 +400,8 @@ def run_cluster(
             "dispatchers": [d.url for d in f.dispatchers],
             "node_hosts": [h.url for h in f.node_hosts],
         }
+        roles = {e.url: ("dispatcher", e.index) for e in f.dispatchers}
+        roles |= {e.url: ("nodes", e.index) for e in f.node_hosts}
         if with_prometheus and prometheus is None:
             from lbtestbed.cluster.prometheus import start_prometheus
 
@@ -403,6 +413,8 @@ def run_cluster(
         else:
             m = asyncio.run(measure(exp, f, tasks, say, prometheus, cluster_path=path))
     m.cluster = info
+    direct = m.direct or m.snapshots  # scraped from every process (keyed by URL), also beside Prometheus
+    m.cpu = cpu_per_task(direct[0], direct[-1], roles, m.generator_cpu[:1] + m.generator_cpu[-1:])
     return m
 
 
@@ -465,6 +477,7 @@ def cluster_result(exp: Experiment, m: Measurement) -> tuple[Result, RawRun]:
         "load": m.load.summary(),
         "metrics_source": m.source,
         "endpoints": m.cluster,
+        "cpu": m.cpu,
     }
     return result, raw
 

@@ -101,6 +101,10 @@ class LoadReport:
     send_seconds: float = 0.0  # from the first intended send to the last actual send
     model_seconds: float = 0.0
     interrupted: bool = False  # stopped early (Ctrl-C): tasks out are cancelled, the rest unsent
+    # model seconds from the intended send to the answer (or to giving up: expired) of the tasks that ended
+    # refused, lost, failed or expired, with their outcome (the completed ones are in ``sojourns``)
+    other_sojourns: list[tuple[str, float]] = field(default_factory=list)
+    due: float | None = None  # monotonic intended send time of the next task, while the loop sends
 
     def completed(
         self,
@@ -250,6 +254,7 @@ async def drive(
     routes: Sequence[int] | None = None,
     deadline: float = TASK_DEADLINE,
     interrupt: Interrupt | None = None,
+    report: LoadReport | None = None,
 ) -> LoadReport:
     """Send ``tasks`` on their schedule, task i to dispatcher ``routes[i]`` (the spec's split:
     ``DispatcherSplit``; by default in turn); return what happened.
@@ -258,9 +263,11 @@ async def drive(
     measurements with the schedule. A send's lateness is taken when its request starts, not when it is
     queued, and no send leaves before its intended time (uvloop's timers can fire up to 1 ms early). A
     task not answered within ``deadline`` wall seconds of its send is expired; ``interrupt`` stops the
-    run early (the report says what was sent and completed until then).
+    run early (the report says what was sent and completed until then). ``report``: an empty report to
+    fill, for a caller that reads it while the run goes on (``loadgen.metrics``).
     """
-    report = LoadReport(scheduled=len(tasks))
+    report = report if report is not None else LoadReport()
+    report.scheduled = len(tasks)
     interrupt = interrupt or Interrupt()
     own = pools is None  # a caller may share its pools (one per dispatcher) between drives
     if pools is None:
@@ -285,12 +292,15 @@ async def drive(
                 report.completed(t, work, orjson.loads(raw), intended, sent, done, time_scale)
             else:
                 outcome = {503: "refused", 502: "lost"}.get(status, "failed")
+                report.other_sojourns.append((outcome, (done - intended) / time_scale))
                 report.outcomes[outcome] += 1
                 report.failures.append((t, outcome, _node_of(raw)))
         except TimeoutError:
+            report.other_sojourns.append(("expired", (time.monotonic() - intended) / time_scale))
             report.outcomes["expired"] += 1
             report.failures.append((t, "expired", -1))
         except (OSError, ValueError, AttributeError, TypeError):
+            report.other_sojourns.append(("failed", (time.monotonic() - intended) / time_scale))
             report.outcomes["failed"] += 1
             report.failures.append((t, "failed", -1))
         except asyncio.CancelledError:  # interrupted: its answer no longer counts
@@ -307,6 +317,7 @@ async def drive(
     try:
         for i, (t, work) in enumerate(tasks):
             intended = start + t * time_scale
+            report.due = intended
             now = time.monotonic()
             while now < intended and not interrupt.set:
                 await interrupt.sleep(intended - now)
@@ -330,6 +341,7 @@ async def drive(
                 if progress is not None:
                     progress(i + 1, len(tasks))
         report.send_seconds = time.monotonic() - start
+        report.due = None
         if interrupt.set:
             report.interrupted = True
             report.outcomes["unsent"] += len(tasks) - sent
@@ -338,6 +350,7 @@ async def drive(
         if pending:
             await asyncio.gather(*pending)
     finally:
+        report.due = None
         collector.close()
         report.wall_seconds = time.monotonic() - start
         report.model_seconds = report.wall_seconds / time_scale
@@ -363,6 +376,7 @@ def run_load(
     progress: Callable[[int, int], None] | None = None,
     routes: Sequence[int] | None = None,
     deadline: float = TASK_DEADLINE,
+    report: LoadReport | None = None,
 ) -> LoadReport:
     """``drive`` on a uvloop event loop of its own (asyncio's loop fell behind earlier at high rates). The
     first SIGINT (Ctrl-C) stops the run and returns what it did so far (``interrupted``), as locust does;
@@ -387,6 +401,7 @@ def run_load(
                 routes=routes,
                 deadline=deadline,
                 interrupt=interrupt,
+                report=report,
             )
         finally:
             loop.remove_signal_handler(signal.SIGINT)

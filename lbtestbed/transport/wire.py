@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from aiohttp import ClientPayloadError, web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from lbtestbed.model.spec import Experiment
 from lbtestbed.policies import MESSAGE_ID
 from lbtestbed.policies.base import Message
 from lbtestbed.transport.signing import AUTHORIZATION, SCHEME, SIGNATURE, Unauthorized, Verifier
@@ -167,6 +168,13 @@ AGES_KEPT = 200_000
 KEYED_KEPT = 500_000
 #: histogram buckets of wall-second legs and ages: 50 µs to 2.5 s
 WALL_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+def sojourn_buckets(exp: Experiment) -> list[float]:
+    """Histogram buckets in model seconds, spread around the mean service time (the dispatcher's and the
+    load generator's sojourn histograms)."""
+    m = exp.workload.service.mean / min(exp.node_speeds)
+    return [round(m * f, 6) for f in (0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 7.5, 10, 20, 50)]
 
 
 def message_key(m: Message) -> str:

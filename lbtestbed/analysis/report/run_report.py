@@ -495,6 +495,29 @@ def _time_section(rep: RunReport) -> list[str]:
     ]
 
 
+def _cpu_section(rep: RunReport) -> list[str]:
+    """CPU seconds per task of every process over the window (analysis.measurement.cpu)."""
+    cpu = rep.cluster.extras.get("cpu")
+    if not cpu or not cpu.get("processes"):
+        return []
+    rows = [["process", "CPU s in the window", "CPU ms per task"]]
+    for p in cpu["processes"]:
+        per_task = p["per_task"]
+        rows.append(
+            [f"{p['role']} {p['index']}", _num(p["cpu_seconds"]), _num(1e3 * per_task if per_task else None)]
+        )
+    return [
+        "## What a task costs in CPU",
+        "",
+        table(rows, markdown=True),
+        "",
+        f"Over the {cpu['tasks']:.0f} tasks the dispatchers accepted in the window: each process's "
+        "`process_cpu_seconds_total` at the window's ends (the generator: this run's own process, its "
+        'scrapes included; docs/run.md, "What a task costs in CPU").',
+        "",
+    ]
+
+
 def markdown(rep: RunReport, images: Sequence[Path]) -> str:
     e, c = rep.exp, rep.cluster
     load = c.extras.get("load", {})
@@ -515,6 +538,7 @@ def markdown(rep: RunReport, images: Sequence[Path]) -> str:
         out += ["## Warnings", "", *(f"- {w}" for w in rep.warnings), ""]
     out += _faults_section(rep)
     out += _time_section(rep)
+    out += _cpu_section(rep)
     out += ["## Messages per task by kind", "", _messages_table(rep), ""]
     overhead = c.extras.get("network_overhead", {})
     out += [
