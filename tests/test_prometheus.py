@@ -506,8 +506,9 @@ HOLD = 2.5  # wall seconds the held generator's send loop is held at each of its
 class Generators:
     """`lbt cluster up --with-prometheus` (scrapes every 0.25 s), and against it at once: `lbt load
     --metrics-port 0` (a generator that keeps up: 40 tasks a second), and a generator whose send loop is
-    held for HOLD s after every second of sending (drive's progress callback runs in the loop), served and registered as lbt run's is (cluster.prometheus.serve_generator). Every
-    expression is evaluated at ``at`` (the held generator's alert fires by then), after both ended."""
+    held for HOLD s after every second of sending (drive's progress callback runs in the loop), served
+    and registered as lbt run's is (cluster.prometheus.serve_generator). Every expression is evaluated
+    at ``at`` (the held generator's alert fires by then), after both ended."""
 
     scenario: Scenario
     url: str
