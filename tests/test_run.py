@@ -354,6 +354,17 @@ def test_prometheus_and_direct_scraping_give_the_same_time_averages(tmp_path: Pa
         assert abs(p["value"] - s) <= bound, (j, p["value"], s, bound)
     # and the two are not trivially identical: Prometheus's window really is its own
     assert direct["window_shift"] != [0.0, 0.0]
+    # every process's CPU over the window, per task (docs/run.md, "What a task costs in CPU"): 18 wall s
+    # of a cluster at work cost every process some CPU; 7 tasks per model s: 420 in the window, sd 20
+    cpu = cluster["cpu"]
+    assert cpu["tasks"] > 300 and {p["role"] for p in cpu["processes"]} == {
+        "dispatcher",
+        "nodes",
+        "generator",
+    }
+    assert all(
+        p["cpu_seconds"] > 0 and p["per_task"] == p["cpu_seconds"] / cpu["tasks"] for p in cpu["processes"]
+    )
 
 
 def test_a_warmup_shorter_than_the_fluid_model_needs_is_warned_about(tmp_path: Path) -> None:

@@ -216,7 +216,7 @@ def serve_generator(
     port: int | None,
     directory: Path | None,
     say: Callable[[str], None],
-    extra: Sequence[Any] = (),
+    linger: bool = True,
 ) -> Iterator[MetricsServer | None]:
     """Serve a generator's metrics (``loadgen.metrics``) while it runs and register it with the
     Prometheus configured in ``directory`` (a cluster's, or None).
@@ -224,7 +224,8 @@ def serve_generator(
     ``port`` None serves only when there is a Prometheus to scrape it (on a free port); 0 is a free port.
     At the end, a registered generator waits for one more scrape (at most two intervals and a second), so
     that Prometheus holds its final counts, then leaves the targets and serves until Prometheus has
-    stopped scraping it (up to ``DISCOVERY_DELAY`` more seconds). ``extra``: more collectors to serve
+    stopped scraping it (up to ``DISCOVERY_DELAY`` more seconds; not with ``linger`` False, for a
+    Prometheus about to stop). More collectors may join the server's ``registry`` while it serves
     (``lbt run``'s faults). OSError when the port cannot be bound."""
     from lbtestbed.loadgen.metrics import LoadCollector, MetricsServer, registry_for
 
@@ -234,8 +235,6 @@ def serve_generator(
         return
     collector = LoadCollector(report, exp.run.time_scale, sojourn_buckets(exp))
     registry = registry_for(collector)
-    for c in extra:
-        registry.register(c)
     with MetricsServer(registry, port or 0, LOOPBACK) as server:
         target = register_generator(directory, server.address, os.getpid()) if directory and scraped else None
         where = f", scraped by the cluster's Prometheus ({target.name})" if target else ""
@@ -249,7 +248,8 @@ def serve_generator(
                 target.unlink(missing_ok=True)
                 # Prometheus passes changes of its targets on at most every 5 s: serve until it stops
                 # scraping, so that its last sample of `up` is not a failed scrape of a closed port
-                collector.wait_until_unscraped(2 * interval + 0.5, DISCOVERY_DELAY + 2 * interval + 1.0)
+                if linger:
+                    collector.wait_until_unscraped(2 * interval + 0.5, DISCOVERY_DELAY + 2 * interval + 1.0)
 
 
 # ---------------------------------------------------------------------------------------- process

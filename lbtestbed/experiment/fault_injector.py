@@ -208,6 +208,33 @@ class Injector:
         return [asdict(a) for a in self.log]
 
 
+class FaultCollector:
+    """``lbtestbed_fault_active{fault, kind, target}``: 1 while a fault of the spec is in effect (from the
+    injector's start action to its end action), 0 otherwise; a series for every fault of the spec from the
+    run's start. ``lbt run`` serves it beside its generator's metrics, so that dashboards can mark the
+    fault windows (deploy/grafana's annotations)."""
+
+    def __init__(self, injector: Injector) -> None:
+        self.injector = injector
+
+    def collect(self) -> list[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        active: dict[int, bool] = {}
+        for a in list(self.injector.log):  # a copy: the run's loop appends meanwhile
+            active[a.fault] = a.action == "start"
+        family = GaugeMetricFamily(
+            "lbtestbed_fault_active",
+            "1 while fault `fault` of the spec (docs/faults.md) is in effect, 0 otherwise",
+            labels=["fault", "kind", "target"],
+        )
+        for i, fault in enumerate(self.injector.exp.faults):
+            family.add_metric(
+                [str(i), fault.kind, describe(self.injector.f, fault)], float(active.get(i, False))
+            )
+        return [family]
+
+
 def _kill(e: Endpoint, sig: int) -> str:
     """Signal the process of ``e`` (and its group) if it is still the one the cluster file records."""
     if not started(e).signal(sig):

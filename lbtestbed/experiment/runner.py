@@ -36,7 +36,7 @@ from lbtestbed.analysis.results.statistics import ratio_estimate
 from lbtestbed.analysis.simulator.twin import Emulation, simulate_twin
 from lbtestbed.cluster.launcher import Cluster
 from lbtestbed.dispatcher.host import DISPATCHER_STREAM
-from lbtestbed.experiment.fault_injector import Injector, check
+from lbtestbed.experiment.fault_injector import FaultCollector, Injector, check
 from lbtestbed.loadgen.openloop import LoadReport, drive, poisson_tasks, write_trace
 from lbtestbed.model.conditions import speed_changes, speed_varies
 from lbtestbed.model.spec import GRAY_FAULTS, Experiment, SpecError
@@ -207,9 +207,12 @@ async def measure(
     prometheus: str | None = None,
     max_outstanding: int = 10_000,
     cluster_path: Path | None = None,
+    report: LoadReport | None = None,
+    registry: Any = None,
 ) -> Measurement:
     """Drive the cluster with ``tasks`` and read its counters at the batch boundaries; apply the spec's
-    faults (``cluster_path``: the cluster file, to restart killed processes)."""
+    faults (``cluster_path``: the cluster file, to restart killed processes). ``report``: the generator's
+    report to fill (its metrics read it); ``registry``: where the faults' metric joins them."""
     scale = exp.run.time_scale
     urls = [e.url for e in f.dispatchers + f.node_hosts]
     marks = boundaries(exp)
@@ -229,9 +232,12 @@ async def measure(
                 max_outstanding,
                 start=origin,
                 routes=DispatcherSplit(exp).take(len(tasks)),
+                report=report,
             )
         )
         injector = Injector(exp, f, cluster_path or Path("cluster.json"), origin, say)
+        if registry is not None and exp.faults:
+            registry.register(FaultCollector(injector))
         if speed_varies(exp) or any(fault.kind in GRAY_FAULTS for fault in exp.faults):
             # the node hosts apply speed schedules, antagonists and gray faults on the run's clock
             await injector.set_origin(session, origin_unix)  # within the lead-in, before the first task
@@ -409,13 +415,39 @@ def run_cluster(
             with start_prometheus(exp, f, directory / "cluster.json", interval) as server:
                 say(f"Prometheus at {server.url}, scraping every {interval:g} s")
                 _wait_for_targets(server.url, len(f.dispatchers) + len(f.node_hosts))
-                m = asyncio.run(measure(exp, f, tasks, say, server.url, cluster_path=path))
+                m = _measure_served(exp, f, tasks, say, server.url, path, server.directory, linger=False)
         else:
-            m = asyncio.run(measure(exp, f, tasks, say, prometheus, cluster_path=path))
+            from lbtestbed.cluster.prometheus import config_dir
+
+            # a cluster of its own with a Prometheus (lbt cluster up --with-prometheus): join its targets
+            joined = config_dir(endpoints) if endpoints is not None and f.prometheus_url else None
+            m = _measure_served(exp, f, tasks, say, prometheus, path, joined)
     m.cluster = info
     direct = m.direct or m.snapshots  # scraped from every process (keyed by URL), also beside Prometheus
     m.cpu = cpu_per_task(direct[0], direct[-1], roles, m.generator_cpu[:1] + m.generator_cpu[-1:])
     return m
+
+
+def _measure_served(
+    exp: Experiment,
+    f: ClusterFile,
+    tasks: Sequence[tuple[float, float]],
+    say: Say,
+    prometheus: str | None,
+    path: Path,
+    directory: Path | None,
+    linger: bool = True,
+) -> Measurement:
+    """``measure``, with the generator's metrics and the faults' served to the Prometheus configured in
+    ``directory`` (docs/load.md, "Monitoring the generator"), if any."""
+    from lbtestbed.cluster.prometheus import serve_generator
+
+    report = LoadReport(scheduled=len(tasks))  # from the first scrape on
+    with serve_generator(report, exp, None, directory, say, linger=linger) as server:
+        registry = server.registry if server is not None else None
+        return asyncio.run(
+            measure(exp, f, tasks, say, prometheus, cluster_path=path, report=report, registry=registry)
+        )
 
 
 def clock_shift(a: Snapshot, b: Snapshot) -> float | None:

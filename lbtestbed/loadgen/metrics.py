@@ -194,6 +194,7 @@ class MetricsServer:
     """``registry`` over HTTP on ``host:port`` (0: a free port), in a thread of its own; ``close`` ends it."""
 
     def __init__(self, registry: Any, port: int = 0, host: str = "127.0.0.1") -> None:
+        self.registry = registry  # more collectors may join while it serves
         self.server, self.thread = start_http_server(port, addr=host, registry=registry)
         self.host, self.port = host, int(self.server.server_port)
 
