@@ -978,6 +978,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SpecError as e:
         print(f"lbt: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except BrokenPipeError:  # the reader went away (lbt ... | head): stop quietly, as a shell's commands do
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so that flushing stdout at exit does not raise again
+        return 128 + signal.SIGPIPE
     except KeyboardInterrupt as e:
         sig = getattr(e, "signal", signal.SIGINT)
         print(f"lbt: interrupted ({signal.Signals(sig).name})", file=sys.stderr)

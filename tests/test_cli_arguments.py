@@ -92,3 +92,23 @@ def test_the_cluster_flag_for_node_processes_is_named_as_in_run() -> None:
     run_help = lbt(ROOT, "run", "--help").stdout
     assert "--node-processes" in cluster_help and "--node-processes" in run_help
     assert "--node-procs" not in cluster_help
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
+    """`lbt predict ... --json | head -c 1`: the pipe closes before the output is written; the command ends
+    as a shell's commands do on SIGPIPE (128 + 13), without a traceback or an "internal error"."""
+    import os
+
+    read, write = os.pipe()
+    os.close(read)  # nobody will read: the first write breaks the pipe
+    done = subprocess.run(
+        [sys.executable, "-m", "lbtestbed.cli", "predict", str(ROOT / "examples" / "jiq.toml"), "--json"],
+        stdout=write,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    os.close(write)
+    assert done.returncode == 128 + 13, done.stderr
+    assert "error" not in done.stderr and "Traceback" not in done.stderr
