@@ -225,7 +225,7 @@ def test_a_node_down_leaves_the_pool_and_gets_no_probe() -> None:
 
 
 def test_the_node_reports_its_rif_and_the_median_latency_at_that_rif() -> None:
-    exp = experiment(4, latency_window=5)
+    exp = experiment(4, latency_window=3)
     side = make_node_sides(exp, random.Random(0))[2]
     assert isinstance(side, PrequalNode)
     probe = Message("prequal_probe", 2, (7,), 1)
@@ -235,10 +235,12 @@ def test_the_node_reports_its_rif_and_the_median_latency_at_that_rif() -> None:
         side.on_served(found, latency)
     assert side.estimate(0) == 2.0  # median of 1, 3, 2
     assert side.estimate(1) == 2.0  # the one task that found 1
-    assert side.estimate(5) == 10.0  # none found 5: the nearest, 3
+    assert side.estimate(5) == 10.0  # none found 5: the nearest count is 3
     assert side.estimate(2) == 6.0  # none found 2: 1 and 3 are as near, median of 2 and 10
-    side.on_served(1, 4.0)  # the window holds 5: the first task (found 0, 1.0) drops out
-    assert side.estimate(0) == 2.5  # median of 3, 2
+    side.on_served(0, 4.0)  # the window at 0 holds 3: the first (1.0) drops out, the others' stay
+    assert side.estimate(0) == 3.0  # median of 3, 2, 4
+    assert side.estimate(1) == 2.0
+    side.on_served(1, 4.0)
     assert side.estimate(1) == 3.0  # median of 2, 4
     assert side.on_message(probe, 1)[0].data == (7, 1, 3.0)
 

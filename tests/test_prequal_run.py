@@ -9,9 +9,8 @@ policy, not the health checks. The probes and their replies travel as state mess
 The setting is chosen for a paired verdict that can hold: Prequal's state has a long memory (each node's
 window of recent latencies, the pool), so a cluster and its twin whose decisions part on one reply's
 timing stay apart for long. At this load, six simulations of the same tasks with different policy streams
-give mean sojourns within 1.58-1.69 (3.5 % of their mean); at load 0.5 they spread over 2.17-2.40, and the
-cluster's paired comparison with its twin disagreed in one of two runs (+18 %, 5.5 se); on four fast and
-four slow nodes with an antagonist they spread over 5.7-10.5 (docs/spec.md, "`prequal`").
+give mean sojourns within 1.58-1.72 (4 % of their mean); at load 0.5 they spread over 2.18-2.46
+(docs/spec.md, "`prequal`", Long memory).
 """
 
 from __future__ import annotations

@@ -176,7 +176,7 @@ class PrequalParams:
     b_reuse: float | None = None
     q_rif: float = 2**-0.25
     rif_history: int = 16
-    latency_window: int = 64
+    latency_window: int = 16
 
 
 @dataclass(frozen=True)

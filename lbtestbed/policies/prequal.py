@@ -26,9 +26,9 @@ Dispatcher side (the paper's client), for each task (query):
    probe of the same node; a full pool first drops its oldest probe.
 
 Node side (the paper's server): RIF is the node's tasks present; the latency estimate is the median
-latency (arrival to completion at the node, model seconds) of its last ``latency_window`` tasks that
-found as many tasks on arrival as the node holds now, or, with none, of those that found the nearest
-number (both sides pooled); 0 before any task has left.
+latency (arrival to completion at the node, model seconds) of the last ``latency_window`` tasks that found
+as many tasks on arrival as the node holds now, or, with none, of those that found the nearest number
+(both sides pooled); 0 before any task has left.
 
 Several dispatchers: each keeps a pool of its own, probes on its own tasks, and the nodes answer each
 probe to the dispatcher that sent it.
@@ -238,18 +238,25 @@ class PrequalNode(NodeSide):
         super().__init__(exp, node, rng, dispatchers)
         params = exp.policy.prequal
         assert params is not None
-        self.recent: deque[tuple[int, float]] = deque(maxlen=params.latency_window)
+        self.window = params.latency_window
+        self.recent: dict[int, deque[float]] = {}  # per count found on arrival: the last latencies
 
     def on_served(self, found: int, latency: float) -> None:
-        self.recent.append((found, latency))
+        kept = self.recent.get(found)
+        if kept is None:
+            kept = self.recent[found] = deque(maxlen=self.window)
+        kept.append(latency)
 
     def estimate(self, x: int) -> float:
-        """The median latency of the recent tasks that found ``x`` tasks on arrival, or the nearest count
-        with any (both sides pooled); 0 with none at all."""
+        """The median of the last ``latency_window`` latencies of tasks that found ``x`` tasks on arrival,
+        or of those at the nearest count with any (both sides pooled); 0 with none at all."""
         if not self.recent:
             return 0.0
-        gap = min(abs(f - x) for f, _ in self.recent)
-        return float(statistics.median(s for f, s in self.recent if abs(f - x) == gap))
+        kept = self.recent.get(x)
+        if kept is None:
+            gap = min(abs(f - x) for f in self.recent)
+            kept = deque(s for f in (x - gap, x + gap) for s in self.recent.get(f, ()))
+        return float(statistics.median(kept))
 
     def on_message(self, msg: Message, x: int) -> tuple[Message, ...]:
         if msg.kind != "prequal_probe":
