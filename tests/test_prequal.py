@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 
+from lbtestbed.analysis.simulator.engine import Simulator
 from lbtestbed.analysis.theory import predict
 from lbtestbed.model.spec import Experiment, PrequalParams, SpecError, parse_spec
 from lbtestbed.policies import make_dispatcher, make_node_sides
-from lbtestbed.policies.base import Message, Route
+from lbtestbed.policies.base import DispatcherSide, Message, Route
 from lbtestbed.policies.prequal import PrequalDispatcher, PrequalNode, reuse_budget
 
 
@@ -268,3 +269,41 @@ def test_the_theory_gives_messages_and_says_why_nothing_else() -> None:
     assert result.metrics["mean_sojourn"]["value"] is None
     nulls = {n["metric"]: n["null"] for n in result.to_json()["notes"] if "null" in n}
     assert nulls["mean_sojourn"].startswith("Prequal has no queueing theory")
+
+
+def test_with_several_dispatchers_each_pool_holds_its_own_probes_answers() -> None:
+    """K = 3 in the simulator (docs/spec.md, "dispatchers and split"): every reply reaches the dispatcher
+    whose probe it answers, so each pool is fed by its own probes only; each dispatcher numbers its own
+    probes, and every probe is answered: 2 r_probe = 6 messages per task in all."""
+    exp = parse_spec(
+        {
+            "name": "prequal-k3",
+            "seed": 4,
+            "classes": [{"name": "servers", "count": 10, "discipline": "ps"}],
+            "workload": {"load": 0.6, "service": {"dist": "exponential", "mean": 1.0}},
+            "policy": {"name": "prequal", "dispatchers": 3},
+            "run": {"warmup": 5.0, "duration": 60.0, "batches": 5},
+        }
+    )
+    sim = Simulator(exp)
+    probes: set[tuple[int, int, int]] = set()  # (prober, probe number, node) of every probe sent
+    replies: list[tuple[int, int, int]] = []  # (receiver, probe number, node) of every reply
+    for d in sim.dispatchers:
+
+        def dispatch(d: DispatcherSide = d, on: Any = d.dispatch) -> Route:
+            route = on()
+            probes.update((m.dispatcher, m.data[0], m.node) for m in route.messages)
+            assert {m.dispatcher for m in route.messages} <= {d.index}
+            return route  # type: ignore[no-any-return]
+
+        def record(msg: Message, d: DispatcherSide = d, on: Any = d.on_message) -> tuple[Message, ...]:
+            replies.append((d.index, msg.data[0], msg.node))
+            return on(msg)  # type: ignore[no-any-return]
+
+        d.dispatch = dispatch  # type: ignore[method-assign]
+        d.on_message = record  # type: ignore[method-assign]
+    raw = sim.run()
+    assert {r for r, _, _ in replies} == {0, 1, 2}
+    assert set(replies) == probes and len(replies) == len(probes)  # each answered once, to its prober
+    counts, arrivals = raw.ratios["messages_per_task"]
+    assert sum(counts) == 6 * sum(arrivals)
