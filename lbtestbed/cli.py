@@ -251,6 +251,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     exp = load_spec(args.spec, args.set) if args.action == "up" else None
 
     from lbtestbed.cluster.launcher import Cluster
+    from lbtestbed.cluster.prometheus import GRAFANA_PORT
     from lbtestbed.transport.cluster_file import ClusterError
 
     cluster = Cluster(Path(args.file))
@@ -276,7 +277,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
             )
             if args.with_prometheus:
                 try:
-                    cluster.start_prometheus(args.scrape_interval, args.prometheus_port)
+                    cluster.start_prometheus(args.scrape_interval, args.prometheus_port, prefer=GRAFANA_PORT)
                 except ClusterError:
                     cluster.down()  # all or nothing: the user asked for both
                     raise
@@ -427,7 +428,11 @@ def cmd_load(args: argparse.Namespace) -> int:
                 urls,
                 timeout=plan.hard_limit + 60,
                 quiet=args.quiet,
-                extra=args.locust_args,
+                # --metrics-port: the locustfile serves the same series (not registered with a Prometheus)
+                extra=[
+                    *(["--lbt-metrics-port", str(args.metrics_port)] * (args.metrics_port is not None)),
+                    *args.locust_args,
+                ],
                 **options,
             )
         except LocustError as e:
@@ -768,7 +773,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="PORT",
-        help="Prometheus port on 127.0.0.1 (default: a free one; 9090 matches deploy/grafana's datasource)",
+        help="Prometheus port on 127.0.0.1 (default: 9090, deploy/grafana's datasource, when it is free, "
+        "else a free one)",
     )
     _add_overrides(clu)
     _add_netns(clu)

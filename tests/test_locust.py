@@ -406,3 +406,34 @@ def test_a_second_start_from_the_web_ui_runs_the_workload_again(tmp_path: Path) 
     assert 10 <= k < n1
     assert [seen[w] for w in plan2] == [(j < k) + (j < n1) + 1 for j in range(len(plan2))]
     assert sum(seen.values()) == k + n1 + len(plan2)
+
+
+def test_the_locustfile_serves_the_generators_metrics(slow: tuple[SlowServer, Path]) -> None:
+    """`lbt load --locust --metrics-port PORT`: the locustfile serves lbt load's series on that port while
+    it sends (scraped until it has scheduled its tasks and sent some), with the standard collectors."""
+    server, spec = slow
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lbtestbed.cli", "load", str(spec), "--dispatcher", server.url, "--locust",
+         "--json", "--quiet", "--metrics-port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    found: dict[str, float] = {}
+    deadline = time.monotonic() + 60
+    while found.get("lbtestbed_loadgen_tasks_sent_total", 0) == 0 and proc.poll() is None:
+        assert time.monotonic() < deadline, "no generator metrics while locust sent"
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+                text = resp.read().decode()
+        except OSError:
+            time.sleep(0.05)
+            continue
+        found = {
+            s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if not s.labels
+        }
+    out, err = proc.communicate(timeout=90)
+    assert proc.returncode == 0, err
+    summary = json.loads(out)
+    assert found["lbtestbed_loadgen_tasks_scheduled"] == summary["scheduled"] > 100
+    assert 0 < found["lbtestbed_loadgen_tasks_sent_total"] <= summary["sent"]
+    assert "process_cpu_seconds_total" in found and "process_open_fds" in found

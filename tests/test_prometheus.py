@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
@@ -62,6 +63,7 @@ from lbtestbed.cluster.prometheus import (
     start_prometheus,
     wait_for_series,
 )
+from lbtestbed.experiment.fault_injector import FaultCollector, Injector
 from lbtestbed.loadgen.openloop import LoadReport, drive, poisson_tasks
 from lbtestbed.model.spec import load_spec
 from lbtestbed.transport.cluster_file import ClusterFile
@@ -298,6 +300,8 @@ def dashboard_expressions() -> list[Expression]:
         for panel in board["panels"]:
             for target in panel.get("targets", []):
                 out.append(Expression(path.name, f"{panel['title']} [{target['refId']}]", target["expr"]))
+        for note in board["annotations"]["list"]:
+            out.append(Expression(path.name, f"annotation {note['name']}", note["expr"]))
     return out
 
 
@@ -338,6 +342,7 @@ EXCUSED: list[tuple[set[str], re.Pattern[str], str]] = [
     ),
     # only the generators scenario has generators that serve metrics (lbt load, and one held on purpose)
     ({"slta", "jiq", "faults"}, re.compile(r"lbtestbed_loadgen_"), "its generator serves no metrics"),
+    ({"slta", "jiq", "faults"}, re.compile(r"lbtestbed_fault_active"), "no lbt run injects its faults"),
 ]
 
 
@@ -497,6 +502,12 @@ name = "jiq"
 warmup = 0.0
 duration = 300.0
 time_scale = 0.05
+[[faults]]  # applied by the held generator's injector, as lbt run does: 1 s to 14 s wall
+kind = "drop"
+fraction = 0.01
+messages = ["idle_token"]
+at = 20.0
+until = 280.0
 """
 GENERATORS_WALL = 16.0  # wall seconds of schedule for each generator: 40 tasks a wall second
 HOLD = 2.5  # wall seconds the held generator's send loop is held at each of its progress calls
@@ -556,17 +567,24 @@ def generators(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Generators]
                 time.sleep(HOLD)  # in the send loop: nothing is sent meanwhile
                 released[0] = time.monotonic()
 
+        async def held_run(registry: Any) -> None:
+            origin = time.monotonic() + 0.2
+            injector = Injector(exp, f, cfile, origin, lambda line: None)
+            registry.register(FaultCollector(injector))  # lbtestbed_fault_active, as lbt run serves it
+            async with aiohttp.ClientSession() as session:
+                load = drive(
+                    [f.dispatchers[0].url], tasks, exp.run.time_scale, progress=hold, report=held_report,
+                    start=origin,
+                )  # fmt: skip
+                await asyncio.gather(load, injector.run(session))
+
         def held() -> None:
             with serve_generator(
                 held_report, exp, None, cfile.with_suffix(".prometheus"), served.append
             ) as server:
                 assert server is not None
                 served.append(server.address)
-                asyncio.run(
-                    drive(
-                        [f.dispatchers[0].url], tasks, exp.run.time_scale, progress=hold, report=held_report
-                    )
-                )
+                asyncio.run(held_run(server.registry))
 
         loader = threading.Thread(target=held)
         started = time.time()
@@ -577,7 +595,7 @@ def generators(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Generators]
         assert not loader.is_alive(), "the held generator did not finish"
         address = re.search(r"http://(127\.0\.0\.1:\d+)/metrics", err)
         assert address, err
-        at = started + GENERATORS_WALL - 1.0
+        at = started + 12.0  # the held generator has been behind for seconds, the fault is on
         scenario = Scenario(
             "loadgen", url, at, variables_of(exp.name, exp.policy.name, ["servers"]), constants_of(cfile),
             levels_reached(url, at),
@@ -678,6 +696,23 @@ def test_dashboard_structure(path: Path) -> None:
             assert t["datasource"] == ref and t["expr"].strip(), where
             used |= variable_refs(t["expr"])
             used |= variable_refs(t.get("legendFormat", ""))
+        unit = panel.get("fieldConfig", {}).get("defaults", {}).get("unit")
+        exprs = " ".join(t["expr"] for t in panel["targets"])
+        if "(model seconds)" in panel["title"] or ":sojourn_model_seconds:" in exprs:
+            # Grafana would show model seconds as durations of wall time
+            assert unit == "suffix: model s" and "model s" in panel["description"], where
+        if "model_seconds" in exprs or "model_second" in exprs:
+            assert unit not in ("s", "ms", "µs", "ns", "m", "h", "d", "dtdurations", "dtdurationms"), where
+        counts = re.search(r"Tasks|Messages per|Nodes routed|tokens|epochs", panel["title"])
+        if counts and panel["type"] != "table":
+            assert unit, f"{where}: a count without a unit"
+        assert not re.search(r"increase\([^\]]*\[\$__rate_interval\]", exprs), (
+            f"{where}: increase over $__rate_interval"
+        )
+    for note in board["annotations"]["list"]:
+        assert note["datasource"] == ref and note["enable"] and note["expr"].strip(), note["name"]
+        used |= variable_refs(note["expr"])
+    assert any("lbtestbed_fault_active" in n["expr"] for n in board["annotations"]["list"]), path.name
     undefined = used - set(variables) - BUILTINS
     assert not undefined, f"{path.name}: undefined variables {undefined}"
     unused = set(variables) - used
@@ -695,6 +730,10 @@ def test_grafana_provisioning() -> None:
     (source,) = sources["datasources"]
     assert source["type"] == "prometheus" and source["uid"] == DS_UID and source["access"] == "proxy"
     assert urllib.parse.urlsplit(source["url"]).scheme == "http"
+    # the port `lbt cluster up --with-prometheus` takes by default when it is free
+    from lbtestbed.cluster.prometheus import GRAFANA_PORT
+
+    assert urllib.parse.urlsplit(source["url"]).port == GRAFANA_PORT
     providers = yaml.safe_load((GRAFANA / "provisioning" / "dashboards" / "lbtestbed.yml").read_text())
     assert providers["apiVersion"] == 1
     (provider,) = providers["providers"]
@@ -1240,3 +1279,19 @@ def test_server_stops_and_leaves_no_process(live: Live, tmp_path: Path) -> None:
         pid = server.pid
     assert gone(pid)
     assert (tmp_path / "other.prometheus" / "prometheus.yml").exists()
+
+
+def test_a_preferred_port_is_taken_when_free_and_passed_over_when_not(live: Live, tmp_path: Path) -> None:
+    """`lbt cluster up --with-prometheus` prefers GRAFANA_PORT (the provisioned datasource's): here a port
+    of our own stands for it, once free and once held by a socket of ours."""
+    import socket
+
+    exp = live.clusters["slta"].experiment()
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        port = held.getsockname()[1]
+        held.listen()
+        with start_prometheus(exp, live.clusters["slta"], tmp_path / "a.json", 1.0, prefer=port) as server:
+            assert urllib.parse.urlsplit(server.url).port != port
+    with start_prometheus(exp, live.clusters["slta"], tmp_path / "b.json", 1.0, prefer=port) as server:
+        assert urllib.parse.urlsplit(server.url).port == port

@@ -253,14 +253,19 @@ class Cluster:
                 )
             time.sleep(0.05)
 
-    def start_prometheus(self, scrape_interval: float = 1.0, port: int | None = None) -> str:
-        """Start a Prometheus that scrapes this cluster and record it in the cluster file; its URL."""
+    def start_prometheus(
+        self, scrape_interval: float = 1.0, port: int | None = None, prefer: int | None = None
+    ) -> str:
+        """Start a Prometheus that scrapes this cluster and record it in the cluster file; its URL
+        (``port``, ``prefer``: as ``prometheus.start_prometheus``)."""
         from lbtestbed.cluster.prometheus import PrometheusError, start_prometheus
 
         if self.file is None or self.exp is None:
             raise ClusterError(f"{self.path}: start the cluster before its Prometheus")
         try:
-            server = start_prometheus(self.exp, self.file, self.path, scrape_interval, port=port)
+            server = start_prometheus(
+                self.exp, self.file, self.path, scrape_interval, port=port, prefer=prefer
+            )
         except PrometheusError as e:
             raise ClusterError(str(e)) from None
         if server.proc is not None:

@@ -29,6 +29,7 @@ import json
 import math
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -49,6 +50,8 @@ RULES_DIR = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
 RULE_FILES = ("recording_rules.yml", "alerting_rules.yml")
 CONSTANTS_FILE = "constants.yml"
 GENERATORS = "generators"  # the directory of the load generators' discovery files
+#: the port of deploy/grafana's provisioned datasource: `lbt cluster up --with-prometheus` takes it when free
+GRAFANA_PORT = 9090
 DISCOVERY_DELAY = 5.0  # seconds: Prometheus passes discovered target changes on at most this often
 JOB = "lbtestbed"
 #: the recording rules average over 1 min and the alerts over 20 s: an interval above 10 s leaves too few
@@ -308,11 +311,13 @@ def start_prometheus(
     name: str | None = None,
     port: int | None = None,
     timeout: float = 30.0,
+    prefer: int | None = None,
 ) -> PrometheusServer:
     """Configure and start a Prometheus for ``cluster`` (running ``exp``) and wait until it is ready.
 
     ``name`` is the ``cluster`` label (default: the spec's name); ``port`` a fixed port (default: a free
-    one, chosen again if another process takes it before Prometheus binds it).
+    one, chosen again if another process takes it before Prometheus binds it); ``prefer`` a port to try
+    first when no ``port`` is given and it is free (``lbt cluster up``: ``GRAFANA_PORT``).
     """
     binary = prometheus_binary()
     directory = config_dir(Path(cluster_path))
@@ -320,8 +325,9 @@ def start_prometheus(
     data = directory / "data"
     shutil.rmtree(data, ignore_errors=True)  # one directory is one run
     log_path = directory / "prometheus.log"
-    for _attempt in range(1 if port else 3):
-        listen = port or free_ports(1)[0]
+    for attempt in range(1 if port else 3):
+        preferred = prefer if attempt == 0 and prefer and port_free(prefer) else None
+        listen = port or preferred or free_ports(1)[0]
         url = f"http://{LOOPBACK}:{listen}"
         command = [
             binary,
@@ -347,6 +353,16 @@ def start_prometheus(
             raise
         server.stop()  # lost the port to another process: try another one
     raise PrometheusError(f"prometheus could not bind a loopback port (log: {log_path})")
+
+
+def port_free(port: int) -> bool:
+    """Whether nothing listens on the loopback ``port`` now."""
+    with socket.socket() as s:
+        try:
+            s.bind((LOOPBACK, port))
+        except OSError:
+            return False
+    return True
 
 
 def _wait_ready(server: PrometheusServer, log_path: Path, timeout: float) -> bool:

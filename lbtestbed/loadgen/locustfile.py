@@ -32,6 +32,8 @@ Options (``locust --help`` lists them too):
     --lbt-max-outstanding N     open mode: drop (and count) a task when N are open (default 10000)
     --lbt-drain SECONDS         wall seconds to wait for replies after the last send (default 120)
     --lbt-report FILE           write the summary (the keys of ``lbt load --json``) here at the end
+    --lbt-metrics-port PORT     serve lbt load's generator metrics on 127.0.0.1:PORT (0: a free one; each
+                                sending process its own: docs/load.md, "Monitoring the generator")
 """
 
 from __future__ import annotations
@@ -53,7 +55,9 @@ from locust import FastHttpUser, LoadTestShape, User, events, task
 from locust.env import Environment
 from locust.exception import StopUser
 from locust.runners import STATE_INIT, MasterRunner, WorkerRunner
+from prometheus_client import CollectorRegistry
 
+from lbtestbed.loadgen.metrics import LoadCollector, MetricsServer
 from lbtestbed.loadgen.openloop import LATE, LoadReport
 from lbtestbed.loadgen.plan import (
     CLOSED_SPAWN_RATE,
@@ -67,7 +71,8 @@ from lbtestbed.loadgen.plan import (
 from lbtestbed.loadgen.shares import failed_part, merged, part, share, worker_rows
 from lbtestbed.model.spec import load_spec
 from lbtestbed.model.workload import PoissonWorkload
-from lbtestbed.transport.wire import PREFIX
+from lbtestbed.transport import wire
+from lbtestbed.transport.wire import PREFIX, sojourn_buckets
 
 JSON_BODY = {"Content-Type": "application/json"}
 STATS_NAME = f"{PREFIX}/tasks"  # one row in locust's statistics, whatever the dispatcher
@@ -173,6 +178,7 @@ class Run:
             for i in self.share:
                 t, work = plan.tasks[i]
                 intended = start + t * scale
+                report.due = intended  # for lbtestbed_loadgen_behind_seconds (--lbt-metrics-port)
                 now = time.monotonic()
                 while now < intended:  # re-check: a timer may fire a little early
                     gevent.sleep(intended - now)
@@ -186,6 +192,7 @@ class Run:
                 self.outstanding += 1
                 group.spawn(self.post, client, i, t, work, intended, True)
             report.send_seconds = time.monotonic() - start
+            report.due = None
             group.join(timeout=plan.drain)
         except GreenletExit:  # STOP: a task not on its way yet does not leave after it
             group.kill(block=False)
@@ -262,6 +269,13 @@ def _options(parser: Any) -> None:
     parser.add_argument("--lbt-max-outstanding", default="10000", help="lbtestbed: open-mode bound")
     parser.add_argument("--lbt-drain", default="120", help="lbtestbed: seconds to wait for replies")
     parser.add_argument(
+        "--lbt-metrics-port",
+        default=None,
+        include_in_web_ui=False,
+        help="lbtestbed: serve the generator's Prometheus metrics on 127.0.0.1:PORT (0: a free port, "
+        "logged); each worker serves its own share",
+    )
+    parser.add_argument(
         "--lbt-report", default="", include_in_web_ui=False, help="lbtestbed: write the summary JSON here"
     )
     parser.add_argument(
@@ -321,12 +335,41 @@ def new_run(environment: Environment, index: int = 0, of: int = 1, start_epoch: 
     return run
 
 
+class _CurrentRun:
+    """The generator's metrics (``loadgen.metrics``) of the run this process sends now; a restart from the
+    web UI starts a new run, whose counters start again from 0 (Prometheus sees a counter reset)."""
+
+    def __init__(self) -> None:
+        self.collector: LoadCollector | None = None
+
+    def collect(self) -> list[Any]:
+        run = RUN
+        if run is None:
+            return []
+        if self.collector is None or self.collector.report is not run.report:
+            self.collector = LoadCollector(run.report, run.plan.time_scale, sojourn_buckets(run.plan.exp))
+        return self.collector.collect()
+
+
+def _serve_metrics(port: int) -> None:
+    """``--lbt-metrics-port``: the series of ``lbt load --metrics-port`` on 127.0.0.1:PORT (0: a free one),
+    from a thread (a greenlet under gevent's patching)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_CurrentRun())
+    wire.standard_collectors(registry)
+    server = MetricsServer(registry, port)
+    log.info("lbt: generator metrics: %s", server.url)
+
+
 @events.init.add_listener
 def _init(environment: Environment, **_: Any) -> None:
     global RUN
     o: Any = environment.parsed_options
     if o is None:
         return
+    port = getattr(o, "lbt_metrics_port", None)
+    if port not in (None, "") and not isinstance(environment.runner, MasterRunner):
+        _serve_metrics(int(port))  # every process that sends: standalone, or each worker
     if isinstance(environment.runner, WorkerRunner):
         return  # a worker takes its options from the master with each start (see _started)
     for name in ("lbt_spec", "lbt_replay"):  # workers may start elsewhere: give them absolute paths
