@@ -444,8 +444,10 @@ def cmd_load(args: argparse.Namespace) -> int:
         from lbtestbed.loadgen.openloop import LoadReport
 
         report = LoadReport(scheduled=len(tasks))  # from the first scrape on
-        # with --dispatcher the cluster file is not read: a Prometheus scrapes the generator only if asked
-        scraped_by = None if args.dispatcher else config_dir(Path(args.cluster))
+        # the cluster's Prometheus (lbt cluster up --with-prometheus) scrapes the generator; with
+        # --dispatcher there is no cluster to join
+        joins = cluster is not None and cluster.prometheus_url and not args.dispatcher
+        scraped_by = config_dir(Path(args.cluster)) if joins else None
         with contextlib.ExitStack() as serving:
             try:
                 serving.enter_context(serve_generator(report, exp, args.metrics_port, scraped_by, _say))
