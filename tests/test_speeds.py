@@ -623,3 +623,29 @@ def test_lbt_load_warns_that_it_sets_no_clock_for_the_speed_changes(tmp_path: Pa
         assert proc.returncode != 2, proc.stderr
         said = "lbt: warning: classes[0].antagonist changes the speed" in proc.stderr
         assert said == warned and ("does not set the run's clock" in proc.stderr) == warned, proc.stderr
+
+
+def test_a_node_host_maps_the_run_clock_through_the_monotonic_clock_when_it_can() -> None:
+    """ONE_FCFS's step at 20 on a host started at monotonic 50 (Unix 1e6): with the origin at monotonic 57
+    the step is due at the host's model time 27; given in Unix time only (1e6 + 10), at 30."""
+    import asyncio
+
+    from lbtestbed.server_node.host import NodeHost
+    from lbtestbed.server_node.models import make_node
+    from lbtestbed.transport import wire
+
+    exp = parse_spec(tomllib.loads(ONE_FCFS))
+    loop = asyncio.new_event_loop()
+    try:
+        for monotonic, due in ((57.0, 27.0), (0.0, 30.0)):
+            host = NodeHost(exp, [0], ["http://127.0.0.1:9"], "token")
+            host.loop, host.t0, host.t0_unix = loop, 50.0, 1e6
+            host.now = lambda: 0.0  # type: ignore[method-assign]
+            host.models[0] = make_node("fcfs", 1.0)
+            assert host.set_origin(1e6 + 10.0, monotonic) == 6  # the step and the ramp's five levels
+            assert host.changes[0][0] == (due, 0.5)
+            for handle in host.timers.values():
+                handle.cancel()
+    finally:
+        loop.close()
+    assert len(wire.machine()) == 36  # a Linux boot id: a UUID

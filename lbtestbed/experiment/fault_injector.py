@@ -119,9 +119,14 @@ class Injector:
         file keeps it too, for the node hosts started again during the run. ClusterError if one could not
         be told."""
         self.f.origin = origin_unix
+        # the same instant on this machine's monotonic clock, which the task legs are stamped on: a node host
+        # on this machine applies the timed changes exactly where the twin puts them
+        self.f.origin_monotonic, self.f.origin_machine = self.origin, wire.machine()
         if any(fault.kind == "kill" for fault in self.exp.faults):
             self.f.save(self.path)
-        body = json.dumps({"origin": origin_unix}).encode()
+        body = json.dumps(
+            {"origin": origin_unix, "monotonic": self.origin, "machine": self.f.origin_machine}
+        ).encode()
         hosts = self.f.node_hosts
         problems = [
             p for p in await asyncio.gather(*(self.post(session, e.url, body, "/origin") for e in hosts)) if p

@@ -99,6 +99,8 @@ class NodeHost:
         # the run's clock (set_origin): its model time 0 as a Unix time, node model time minus run model time,
         # the timed speed changes still to come per node (node model time, speed), the fail faults
         self.origin = 0.0
+        self.origin_monotonic = 0.0  # the origin on this machine's monotonic clock, when known (0: not)
+        self.machine = wire.machine()
         self.offset = 0.0
         self.t0_unix = 0.0
         self.changes: dict[int, deque[tuple[float, float]]] = {}
@@ -131,16 +133,22 @@ class NodeHost:
                 self.exp.classes[c].discipline, self.exp.node_speeds[k], self.exp.classes[c].utility, 0.0
             )
         if self.origin:
-            self.set_origin(self.origin)
+            self.set_origin(self.origin, self.origin_monotonic)
 
     # ------------------------------------------------------------------------------- the run's clock
 
-    def set_origin(self, origin: float) -> int:
-        """The run's model time 0 is the Unix time ``origin``: arm the spec's timed speed changes of this
-        host's nodes (``model.conditions``) at their model times from it, and judge its fail faults on it.
-        Returns how many speed changes are still to come (those already past apply at once)."""
-        self.origin = origin
-        self.offset = (origin - self.t0_unix) / self.scale  # node model time = run model time + offset
+    def set_origin(self, origin: float, monotonic: float = 0.0) -> int:
+        """The run's model time 0 is the Unix time ``origin`` (``monotonic`` on this machine's monotonic
+        clock, when not 0): arm the spec's timed speed changes of this host's nodes (``model.conditions``)
+        at their model times from it, and judge its fail faults on it. Returns how many speed changes are
+        still to come (those already past apply at once)."""
+        self.origin, self.origin_monotonic = origin, monotonic
+        # node model time = run model time + offset; through the monotonic clock exactly, the clock this
+        # host's own times are on; through Unix time, off by the time between two readings of two clocks
+        if monotonic:
+            self.offset = (monotonic - self.t0) / self.scale
+        else:
+            self.offset = (origin - self.t0_unix) / self.scale
         if not self.models:
             return 0  # start() arms them
         now = self.now()
@@ -413,13 +421,18 @@ class NodeHost:
         return await self.faults.handle(request)
 
     async def post_origin(self, request: web.Request) -> web.Response:
-        """``POST /v1/origin {"origin": unix seconds}``: the run's model time 0 (``set_origin``)."""
+        """``POST /v1/origin {"origin": unix seconds, "monotonic": seconds, "machine": boot id}``: the run's
+        model time 0 (``set_origin``); on the monotonic clock too when the sender is on this machine."""
         try:
             body = await wire.read_json(request)
             origin = wire.number(body, "origin", positive=True)
+            monotonic = wire.number(body, "monotonic", default=0.0)
+            same = body.get("machine") == self.machine != ""
         except wire.BadRequest as e:
             return wire.error(e.status, str(e), e.field)
-        return web.json_response({"ok": True, "speed_changes": self.set_origin(origin)})
+        return web.json_response(
+            {"ok": True, "speed_changes": self.set_origin(origin, monotonic if same else 0.0)}
+        )
 
     def snapshot(self) -> dict[str, Any]:
         """Exact integrals of every node up to now (advancing them is harmless: it is exact integration)."""

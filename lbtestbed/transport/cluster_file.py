@@ -59,6 +59,11 @@ class ClusterFile:
     # the Unix time of model time 0 of the run on this cluster (lbt run sets it), so that a node host
     # restarted during the run applies the spec's timed changes on the run's clock (POST /v1/origin)
     origin: float = 0.0
+    # the same instant on the monotonic clock of the machine whose boot id is origin_machine: a node host on
+    # that machine maps the run's clock through it exactly (through Unix time, two clocks read one after the
+    # other, the mapping is off by the microseconds between the two readings)
+    origin_monotonic: float = 0.0
+    origin_machine: str = ""
 
     def node_urls(self) -> list[str]:
         """Base URL of every node id, in id order."""
@@ -95,6 +100,8 @@ class ClusterFile:
                 prometheus_cmdline=data.get("prometheus_cmdline", []),
                 netns=data.get("netns") or {},
                 origin=data.get("origin", 0.0),
+                origin_monotonic=data.get("origin_monotonic", 0.0),
+                origin_machine=data.get("origin_machine", ""),
             )
         except FileNotFoundError:
             raise ClusterError(f"{path}: no cluster file (is a cluster up?)") from None

@@ -13,6 +13,7 @@ import json
 import math
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 from aiohttp import ClientPayloadError, web
@@ -111,6 +112,15 @@ async def read_json(request: web.Request) -> Mapping[str, Any]:
     if not isinstance(body, dict):
         raise BadRequest("body must be a JSON object")
     return body
+
+
+def machine() -> str:
+    """This machine's boot id (Linux): processes that read the same one read one monotonic clock (also in
+    other network namespaces and containers); "" when unknown."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
 
 
 def number(
