@@ -267,7 +267,13 @@ def test_batches_outside_the_faults_agree_with_the_twin(
     excluded = _faults(doc)["batches_excluded"]
     # kill [85, 125] + 20 and pause [205, 285] + 60 over batches of 20 model s from 20 (faults start
     # between batch boundaries: a boundary's scrape racing a fault would also drop the batch before)
-    assert excluded == [3, 4, 5, 6, 9, 10, 11, 12, 13, 14, 15, 16], excluded
+    # a batch beyond these only where a process did not answer the scrape at one of its ends (on a busy
+    # machine a scrape can miss its deadline): that is recorded, and the batch is not compared either
+    unanswered = set(_faults(doc)["batches_unanswered"])
+    assert set(excluded) == {3, 4, 5, 6, 9, 10, 11, 12, 13, 14, 15, 16} | unanswered, (
+        excluded,
+        unanswered,
+    )
     deciding = [v for v in doc["comparison"] if v["counts"]]
     assert any(v["reference"] == "twin" for v in deciding), "nothing was compared"
     # the cluster decides against its twin; the theory's values at n, against the zero-delay simulation
@@ -400,7 +406,11 @@ def test_outside_message_faults_the_run_agrees_with_the_twin(messages_run: dict[
     with the run's measured delays, and no faults) does, which it could not with a picture that kept lost
     departures (those nodes would look busy for good) or counted duplicated ones twice."""
     excluded = messages_run["results"]["cluster"]["faults"]["batches_excluded"]
-    assert excluded == [3, 4, 5, 6, 7, 8, 9, 12, 13], excluded  # [85, 145], [165, 205], [265, 295]
+    # [85, 145], [165, 205], [265, 295]
+    # a batch beyond these only where a process did not answer the scrape at one of its ends (on a busy
+    # machine a scrape can miss its deadline): that is recorded, and the batch is not compared either
+    unanswered = set(messages_run["results"]["cluster"]["faults"]["batches_unanswered"])
+    assert set(excluded) == {3, 4, 5, 6, 7, 8, 9, 12, 13} | unanswered, (excluded, unanswered)
     deciding = [v for v in messages_run["comparison"] if v["counts"]]
     assert any(v["reference"] == "twin" for v in deciding)
     assert all(

@@ -144,6 +144,9 @@ def paired_by_hand(doc: dict[str, Any], metric: str, a: str, b: str) -> tuple[fl
     common = sorted(va.keys() & vb.keys(), key=int)
     log = metric in LOG_SCALE and all(va[k] > 0 and vb[k] > 0 for k in common)
     d = [math.log(va[k] / vb[k]) if log else va[k] - vb[k] for k in common]
+    # docs/run.md: a per-batch gap within 1e-9 of the values' size is rounding and counts as 0
+    size = [1.0 if log else max(abs(va[k]), abs(vb[k])) for k in common]
+    d = [0.0 if abs(x) <= 1e-9 * s else x for x, s in zip(d, size, strict=True)]
     n = len(d)
     mean = sum(d) / n
     sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))

@@ -497,6 +497,11 @@ def cluster_result(exp: Experiment, m: Measurement) -> tuple[Result, RawRun]:
             "actions": m.faults,
             "health_events": m.health_events,
             "batches_excluded": [b for b, k in enumerate(keep) if not k],
+            # of those, the batches at one of whose ends a process did not answer the scrape (the fault's
+            # target, or any process too slow for the scrape's deadline on a busy machine)
+            "batches_unanswered": [
+                b for b in range(len(keep)) if m.snapshots[b].missing or m.snapshots[b + 1].missing
+            ],
         }
         # per task, for the timeline: (intended arrival, node) of each completed task, and the others
         result.extras["fault_timeline"] = {

@@ -416,6 +416,7 @@ def _faults_section(rep: RunReport) -> list[str]:
         )
     load = rep.cluster.extras.get("load", {})
     excluded = faults["batches_excluded"]
+    unanswered = faults.get("batches_unanswered", [])
     return [
         "## Faults",
         "",
@@ -430,7 +431,9 @@ def _faults_section(rep: RunReport) -> list[str]:
         f"(no answer within the "
         f"generator's deadline) + {load.get('dropped', 0)} dropped by the generator. Batches "
         f"{', '.join(map(str, excluded)) or 'none'} of {e.run.batches} overlap a fault or the warm-up after "
-        f"it and are left out of the comparison (docs/faults.md).",
+        f"it, or a process did not answer the scrape at one of their ends "
+        f"({', '.join(map(str, unanswered)) or 'none'}), and are left out of the comparison "
+        f"(docs/faults.md).",
         "",
     ]
 
