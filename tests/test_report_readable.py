@@ -358,3 +358,23 @@ def test_a_theory_tail_fading_below_the_measured_ones_has_no_zero_marker_and_set
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert not any(t.startswith("theory: 0") for t in labels)  # it fades below the axis; it is not 0
     assert ax.get_xlim()[1] < 15  # the axis ends where the theory leaves it (0.5^14 < 1e-4), not at j=40
+
+
+def test_two_variants_of_one_policy_are_two_curves_against_a_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--set 'policy={name="least_request"},{name="least_request",weights="speed"}' --set
+    policy.dispatchers=1,4`: both variants are least_request; each is its own curve (even where their
+    values coincide), named by its setting."""
+    figures = Figures(monkeypatch)
+    points = []
+    variants = ('{name="least_request"}', '{name="least_request",weights="speed"}')
+    for variant in variants:
+        for k in ("1", "4"):
+            r = result("simulation", {}, mean_sojourn=est(2.0, 0.1), messages_per_task=est(0.0, 0.0))
+            r.policy = "least_request"
+            points.append(({"policy": variant, "policy.dispatchers": k}, r))
+    plots.against(tmp_path, points, "policy.dispatchers", "policy.name")
+    (ax,) = figures.by_name["against_policy_dispatchers.png"].axes
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == list(variants)
+    assert len(ax.containers) == 2

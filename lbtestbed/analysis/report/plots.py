@@ -372,6 +372,20 @@ def _groups(
     return groups
 
 
+def _curves(
+    points: Sequence[tuple[dict[str, str], Result]], key: str, policy_key: str
+) -> dict[str, list[tuple[dict[str, str], Result]]]:
+    """One curve per combination of the settings swept other than ``key`` (two variants of one policy,
+    `--set 'policy={name="least_request"},{name="least_request",weights="speed"}'`, are two curves),
+    named by those settings, or by the policy when nothing else is swept."""
+    curves: dict[str, list[tuple[dict[str, str], Result]]] = {}
+    for settings, result in points:
+        others = [v for k, v in settings.items() if k != key]
+        name = ", ".join(others) if others else settings.get(policy_key, result.policy)
+        curves.setdefault(name, []).append((settings, result))
+    return curves
+
+
 def tradeoff(
     directory: Path,
     points: Sequence[tuple[dict[str, str], Result]],
@@ -477,12 +491,15 @@ def against(
     levels = sorted(set(xs_all))
     step = min((b - a for a, b in itertools.pairwise(levels)), default=1.0)
     fig, ax = plt.subplots(figsize=(9.5, 5.2))
-    groups = _groups(points, policy_key)
+    groups = _curves(points, key, policy_key)
     ys_all: list[float] = []
     lines = ("-", "--", ":", "-.")
     for i, (policy, members) in enumerate(groups.items()):
         shift = (i - (len(groups) - 1) / 2) * 0.06  # in units of the spacing of the x values
-        shown = sorted((float(s[key]), r) for s, r in members if r.metrics[y_key]["value"] is not None)
+        shown = sorted(
+            ((float(s[key]), r) for s, r in members if r.metrics[y_key]["value"] is not None),
+            key=lambda p: p[0],
+        )
         if shown:
             xs = [x * 2.0**shift if log_x else x + shift * step for x, _ in shown]
             ys = [r.metrics[y_key]["value"] for _, r in shown]
