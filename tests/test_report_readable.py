@@ -378,3 +378,33 @@ def test_two_variants_of_one_policy_are_two_curves_against_a_setting(
     (ax,) = figures.by_name["against_policy_dispatchers.png"].axes
     assert [t.get_text() for t in ax.get_legend().get_texts()] == list(variants)
     assert len(ax.containers) == 2
+
+
+def test_a_queue_sweeps_tradeoff_shows_mean_median_and_p99_against_messages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proxy engineers weigh the tail: with the quantiles measured, the trade-off plot has a panel each for
+    the mean, the median and the 99th percentile, every one against messages per task."""
+    figures = Figures(monkeypatch)
+    points = []
+    for policy, msgs in (("prequal", 6.0), ("jiq", 0.9)):
+        r = result(
+            "simulation",
+            {},
+            mean_sojourn=est(2.0, 0.1),
+            sojourn_p50=est(1.0, 0.05),
+            sojourn_p99=est(15.0 if policy == "prequal" else 11.0, 0.7),
+            messages_per_task=est(msgs, 0.0),
+        )
+        r.policy = policy
+        points.append(({"policy.name": policy}, r))
+    plots.tradeoff(tmp_path, points, "policy.name", label)
+    axes = figures.by_name["tradeoff.png"].axes
+    assert [ax.get_ylabel() for ax in axes] == [
+        "mean sojourn (model s)",
+        "median sojourn (model s)",
+        "99th percentile of the sojourn (model s)",
+    ]
+    p99 = axes[2]
+    ys = sorted(float(c.lines[0].get_ydata()[0]) for c in p99.containers)
+    assert ys == [11.0, 15.0]

@@ -24,7 +24,7 @@ from lbtestbed.model.spec import Experiment, SpecError, load_spec
 
 Say = Callable[[str], None]
 #: the columns of the combined table, in order
-COLUMNS = ("mean_sojourn", "sojourn_p99", "utility", "messages_per_task", "slta_r")
+COLUMNS = ("mean_sojourn", "sojourn_p50", "sojourn_p99", "utility", "messages_per_task", "slta_r")
 
 
 def split_values(text: str) -> list[str]:
@@ -186,17 +186,19 @@ def write(directory: Path, spec: str, points: Sequence[Point]) -> list[Path]:
     from lbtestbed.analysis.report.run_report import table
 
     directory.mkdir(parents=True, exist_ok=True)
+    # the policy is swept by its name, or whole (`--set 'policy={name="least_request"},{...}'`: variants)
+    policy_key = "policy" if "policy" in points[0].settings else "policy.name"
     plot = plots.tradeoff(
         directory,
         [(p.settings, p.result) for p in points],
-        policy_key="policy.name",
+        policy_key=policy_key,
         label=_label,
     )
     settings = [(p.settings, p.result) for p in points]
     curves = [
         c
         for k in points[0].settings
-        if k != "policy.name" and (c := plots.against(directory, settings, k, "policy.name"))
+        if k != policy_key and (c := plots.against(directory, settings, k, policy_key))
     ]
     doc = {"spec": spec, "points": [p.to_json() for p in points]}
     (directory / "sweep.json").write_text(json.dumps(doc, indent=1) + "\n")

@@ -392,73 +392,92 @@ def tradeoff(
     policy_key: str,
     label: Callable[[dict[str, str]], str],
 ) -> Path:
-    """Messages per task against mean sojourn (utility for pools): one point per policy and setting, with
-    95% intervals both ways. The colour is the policy, the marker the other settings (both in the legend,
-    so no label overprints another); a log y axis when the values span a decade or more. Points without a
-    value are left out."""
+    """Messages per task against what they buy: utility for pools; for queues one panel each for the mean,
+    the median and the 99th percentile of the sojourn (those the points have). One point per policy and
+    setting, with 95% intervals both ways. The colour is the policy, the marker the other settings (both
+    in the legend, so no label overprints another); a log y axis when a panel's values span a decade or
+    more. Points without a value are left out."""
     plt = _pyplot()
     from matplotlib.lines import Line2D
 
     pools = all(r.metrics["utility"].get("value") is not None for _, r in points)
-    y_key = "utility" if pools else "mean_sojourn"
+    y_keys = ["utility"] if pools else ["mean_sojourn"]
+    if not pools:
+        y_keys += [
+            k
+            for k in ("sojourn_p50", "sojourn_p99")
+            if any((r.metrics.get(k) or {}).get("value") is not None for _, r in points)
+        ]
     others = [k for k in points[0][0] if k != policy_key]
     combos = list(dict.fromkeys(label({k: s[k] for k in others}) for s, _ in points)) if others else []
     marker_of = {c: MARKERS[i] for i, c in enumerate(combos)} if len(combos) <= len(MARKERS) else {}
-    fig, ax = plt.subplots(figsize=(9.5, 5.2))
-    ys_all: list[float] = []
-    policy_handles = []
+    fig, axes = plt.subplots(1, len(y_keys), figsize=(5.0 + 4.5 * len(y_keys), 5.2), squeeze=False)
     groups = _groups(points, policy_key)
     x_all = [r.metrics["messages_per_task"]["value"] or 0.0 for _, r in points]
     span = (max(x_all) - min(x_all)) or 1.0
-    for i, (policy, members) in enumerate(groups.items()):
-        color = f"C{i % 10}"
-        shown = [
-            (s, r)
-            for s, r in members
-            if r.metrics["messages_per_task"]["value"] is not None and r.metrics[y_key]["value"] is not None
-        ]
-        if not shown:
-            continue
-        # policies a little apart sideways (1% of the x range each): equal message counts (0 for every
-        # policy that sends none) do not put one policy's points and intervals on another's
-        shift = (i - (len(groups) - 1) / 2) * 0.01 * span
-        xs = [r.metrics["messages_per_task"]["value"] + shift for _, r in shown]
-        ys = [r.metrics[y_key]["value"] for _, r in shown]
-        xe = [r.metrics["messages_per_task"].get("ci95") or 0.0 for _, r in shown]
-        ye = [r.metrics[y_key].get("ci95") or 0.0 for _, r in shown]
-        ys_all += ys
-        ax.plot(xs, ys, color=color, lw=1, alpha=0.6)
-        policy_handles.append(Line2D([], [], color=color, marker="o", label=policy))
-        for k, ((s, _), x, y) in enumerate(zip(shown, xs, ys, strict=True)):
-            combo = label({o: s[o] for o in others}) if others else ""
-            ax.errorbar(
-                [x],
-                [y],
-                xerr=[xe[k]],
-                yerr=[ye[k]],
-                color=color,
-                marker=marker_of.get(combo, "o"),
-                ms=7,
-                capsize=2,
-                linestyle="none",
-            )
-            if combo and not marker_of:  # too many settings for markers: labels, alternately placed
-                dx, dy = ((6, 6), (6, -12), (-6, 6), (-6, -12))[k % 4]
-                ha = "left" if dx > 0 else "right"
-                ax.annotate(combo, (x, y), fontsize=7, xytext=(dx, dy), textcoords="offset points", ha=ha)
-    if _spans_decades(ys_all):
-        ax.set_yscale("log")
-        _log_axis(ax.yaxis, min(ys_all) / 1.3, max(ys_all) * 1.3)
-    ax.set_xlabel("state messages per task (policies drawn 1% of the range apart)")
-    ax.set_ylabel("utility per node" if pools else "mean sojourn (model s)")
-    ax.set_title("what each policy buys with its messages", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
+    policy_handles = []
+    for ax, y_key in zip(axes[0], y_keys, strict=True):
+        ys_all: list[float] = []
+        for i, (policy, members) in enumerate(groups.items()):
+            color = f"C{i % 10}"
+            shown = [
+                (s, r)
+                for s, r in members
+                if r.metrics["messages_per_task"]["value"] is not None
+                and (r.metrics.get(y_key) or {}).get("value") is not None
+            ]
+            if not shown:
+                continue
+            # policies a little apart sideways (1% of the x range each): equal message counts (0 for every
+            # policy that sends none) do not put one policy's points and intervals on another's
+            shift = (i - (len(groups) - 1) / 2) * 0.01 * span
+            xs = [r.metrics["messages_per_task"]["value"] + shift for _, r in shown]
+            ys = [r.metrics[y_key]["value"] for _, r in shown]
+            xe = [r.metrics["messages_per_task"].get("ci95") or 0.0 for _, r in shown]
+            ye = [r.metrics[y_key].get("ci95") or 0.0 for _, r in shown]
+            ys_all += ys
+            ax.plot(xs, ys, color=color, lw=1, alpha=0.6)
+            if y_key == y_keys[0]:
+                policy_handles.append(Line2D([], [], color=color, marker="o", label=policy))
+            for k, ((s, _), x, y) in enumerate(zip(shown, xs, ys, strict=True)):
+                combo = label({o: s[o] for o in others}) if others else ""
+                ax.errorbar(
+                    [x],
+                    [y],
+                    xerr=[xe[k]],
+                    yerr=[ye[k]],
+                    color=color,
+                    marker=marker_of.get(combo, "o"),
+                    ms=7,
+                    capsize=2,
+                    linestyle="none",
+                )
+                if combo and not marker_of:  # too many settings for markers: labels, alternately placed
+                    dx, dy = ((6, 6), (6, -12), (-6, 6), (-6, -12))[k % 4]
+                    ha = "left" if dx > 0 else "right"
+                    ax.annotate(combo, (x, y), fontsize=7, xytext=(dx, dy), textcoords="offset points", ha=ha)
+        if _spans_decades(ys_all):
+            ax.set_yscale("log")
+            _log_axis(ax.yaxis, min(ys_all) / 1.3, max(ys_all) * 1.3)
+        ax.set_xlabel("state messages per task (policies drawn 1% of the range apart)", fontsize=8)
+        ylabel = {
+            "utility": "utility per node",
+            "mean_sojourn": "mean sojourn (model s)",
+            "sojourn_p50": "median sojourn (model s)",
+            "sojourn_p99": "99th percentile of the sojourn (model s)",
+        }[y_key]
+        ax.set_ylabel(ylabel)
+        ax.set_title(
+            "what each policy buys with its messages" if len(y_keys) == 1 else ylabel.partition(" (")[0],
+            fontsize=10,
+        )
+        ax.grid(True, which="both", alpha=0.3)
     # one legend (matplotlib lays out one beside the axes): the policies' colours, then the settings'
     # markers
     setting_handles = [
         Line2D([], [], color="gray", marker=m, linestyle="none", label=c) for c, m in marker_of.items()
     ]
-    ax.legend(
+    axes[0][-1].legend(
         handles=policy_handles + setting_handles,
         title="colour: policy, marker: setting" if setting_handles else "policy",
         loc="upper left",
