@@ -394,3 +394,10 @@ def test_cli_load_rejects_a_bad_schedule_in_one_line(tmp_path: Path) -> None:
     assert (
         both.stderr.strip() == "lbt: error: give at most one of a schedule, a duration and a trace to replay"
     )
+
+
+async def test_a_schedule_without_tasks_takes_no_time() -> None:
+    """`lbt load --duration 1` on a slow spec can draw no task: the run ends at once and says it took 0 s,
+    not the lead-in before model time 0 as a negative time."""
+    report = await drive(["http://127.0.0.1:9"], [], time_scale=1.0)
+    assert report.wall_seconds == 0.0 and report.send_seconds == 0.0 and report.model_seconds == 0.0

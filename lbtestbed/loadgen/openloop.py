@@ -340,7 +340,9 @@ async def drive(
                 collector.tick()
                 if progress is not None:
                     progress(i + 1, len(tasks))
-        report.send_seconds = time.monotonic() - start
+        report.send_seconds = max(
+            0.0, time.monotonic() - start
+        )  # 0 when no task was due before the lead-in ended
         report.due = None
         if interrupt.set:
             report.interrupted = True
@@ -352,7 +354,7 @@ async def drive(
     finally:
         report.due = None
         collector.close()
-        report.wall_seconds = time.monotonic() - start
+        report.wall_seconds = max(0.0, time.monotonic() - start)
         report.model_seconds = report.wall_seconds / time_scale
         for pool in pools if own else ():
             pool.close()
