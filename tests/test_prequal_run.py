@@ -15,12 +15,10 @@ give mean sojourns within 1.58-1.72 (4 % of their mean); at load 0.5 they spread
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from typing import Any
 
 import pytest
+from test_run import lbt_run, verdict
 
 SPEC = """name = "run-prequal"
 seed = 7
@@ -64,28 +62,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     d = tmp_path_factory.mktemp("prequal")
     spec = d / "spec.toml"
     spec.write_text(SPEC)
-    proc = subprocess.run(
-        [sys.executable, "-m", "lbtestbed.cli", "run", str(spec), "--out", str(d / "report"), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode in (0, 1), proc.stderr
-    doc = json.loads(proc.stdout)
+    _, doc, _ = lbt_run(spec, d / "report", timeout=300)
     assert isinstance(doc, dict)
     return doc
-
-
-def verdict(
-    doc: dict[str, Any], metric: str, reference: str = "twin", subject: str = "cluster"
-) -> dict[str, Any]:
-    found = [
-        v
-        for v in doc["comparison"]
-        if v["metric"] == metric and v["reference"] == reference and v["subject"] == subject
-    ]
-    assert len(found) == 1, (metric, reference, subject)
-    return found[0]
 
 
 def test_the_cluster_agrees_with_its_twin(run: dict[str, Any]) -> None:

@@ -29,8 +29,8 @@ TOKEN = "test-token"
 NOWHERE = "http://127.0.0.1:1"
 
 
-class _Recording(LeastRequestDispatcher):
-    """least_request reading the clock, recording what its driver tells it."""
+class ClockedLeastRequest(LeastRequestDispatcher):
+    """least_request reading the clock, recording what its driver tells it (also test_simulator's)."""
 
     uses_clock = True
 
@@ -68,7 +68,7 @@ async def test_the_dispatcher_process_tells_a_clocked_side_the_time_and_the_late
         servers.append(TestServer(build_node_app(node_host), host="127.0.0.1"))
         await servers[-1].start_server()
         disp = DispatcherHost(exp, 0, 1, [f"http://127.0.0.1:{servers[0].port}/v1/nodes/0"], TOKEN)
-        side = disp.policy = _Recording(exp, disp.policy.rng, 0)
+        side = disp.policy = ClockedLeastRequest(exp, disp.policy.rng, 0)
         servers.append(TestServer(build_dispatcher_app(disp), host="127.0.0.1"))
         await servers[-1].start_server()
         before = (time.monotonic() - disp.started) / exp.run.time_scale
@@ -104,7 +104,7 @@ def test_a_side_that_keeps_no_time_is_not_told_it() -> None:
     disp = DispatcherHost(exp, 0, 1, [f"{NOWHERE}/v1/nodes/{k}" for k in range(2)], TOKEN)
     assert not disp.policy.uses_clock
     assert disp.side(disp.started + 5.0).now == 0.0
-    disp.policy = _Recording(exp, disp.policy.rng, 0)
+    disp.policy = ClockedLeastRequest(exp, disp.policy.rng, 0)
     assert disp.side(disp.started + 5.0).now == pytest.approx(5.0 / exp.run.time_scale)
 
 

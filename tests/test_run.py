@@ -107,12 +107,12 @@ def lbt_finish(proc: subprocess.Popen[str], timeout: float = 300) -> tuple[int, 
     return proc.returncode, json.loads(stdout)
 
 
-def lbt_run(spec: Path, out: Path, *extra: str) -> tuple[int, dict[str, Any], str]:
+def lbt_run(spec: Path, out: Path, *extra: str, timeout: float = 180) -> tuple[int, dict[str, Any], str]:
     proc = subprocess.run(
         [sys.executable, "-m", "lbtestbed.cli", "run", str(spec), "--out", str(out), "--json", *extra],
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=timeout,
     )
     assert proc.returncode in (0, 1), proc.stderr
     return proc.returncode, json.loads(proc.stdout), proc.stderr

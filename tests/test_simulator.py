@@ -776,29 +776,14 @@ def test_cli_replications(tmp_path: Path) -> None:
 def _clocked_run(monkeypatch: pytest.MonkeyPatch, network: dict[str, Any], dispatchers: int) -> list[Any]:
     """Run least_request, its sides reading the clock and recording what they are told; the sides and
     the measured sojourns."""
+    from test_proxy_policies import ClockedLeastRequest
+
     from lbtestbed.analysis.simulator import engine
-    from lbtestbed.policies.sampling import LeastRequestDispatcher
-
-    class Clocked(LeastRequestDispatcher):
-        uses_clock = True
-
-        def __init__(self, *args: Any) -> None:
-            super().__init__(*args)
-            self.dispatched: list[float] = []
-            self.done: list[tuple[float, float]] = []  # (now, latency)
-
-        def dispatch(self) -> Any:
-            self.dispatched.append(self.now)
-            return super().dispatch()
-
-        def on_task_done(self, node: int, latency: float) -> None:
-            self.done.append((self.now, latency))
-            super().on_task_done(node, latency)
 
     sides: list[Any] = []
 
     def make(exp: Experiment, rng: Any, index: int = 0, k: int = 1) -> Any:
-        sides.append(Clocked(exp, rng, index))
+        sides.append(ClockedLeastRequest(exp, rng, index))
         return sides[-1]
 
     monkeypatch.setattr(engine, "make_dispatcher", make)
