@@ -464,10 +464,17 @@ def clock_shift(a: Snapshot, b: Snapshot) -> float | None:
     return max((abs(ca[k] - cb[k]) for k in ca.keys() & cb.keys()), default=None)
 
 
+def unanswered_batches(snaps: Sequence[Snapshot]) -> list[int]:
+    """The batches at one of whose ends a process did not answer the scrape (the fault's target, or any
+    process too slow for the scrape's deadline on a busy machine)."""
+    return [b for b in range(len(snaps) - 1) if snaps[b].missing or snaps[b + 1].missing]
+
+
 def batches_kept(exp: Experiment, snaps: Sequence[Snapshot]) -> list[bool]:
     """The batches to compare: not disturbed by a fault, and every process answered at both ends."""
     excluded = excluded_batches(exp) if exp.faults else [False] * (len(snaps) - 1)
-    return [not (excluded[b] or snaps[b].missing or snaps[b + 1].missing) for b in range(len(snaps) - 1)]
+    unanswered = set(unanswered_batches(snaps))
+    return [not (excluded[b] or b in unanswered) for b in range(len(snaps) - 1)]
 
 
 def cluster_result(exp: Experiment, m: Measurement) -> tuple[Result, RawRun]:
@@ -497,11 +504,7 @@ def cluster_result(exp: Experiment, m: Measurement) -> tuple[Result, RawRun]:
             "actions": m.faults,
             "health_events": m.health_events,
             "batches_excluded": [b for b, k in enumerate(keep) if not k],
-            # of those, the batches at one of whose ends a process did not answer the scrape (the fault's
-            # target, or any process too slow for the scrape's deadline on a busy machine)
-            "batches_unanswered": [
-                b for b in range(len(keep)) if m.snapshots[b].missing or m.snapshots[b + 1].missing
-            ],
+            "batches_unanswered": unanswered_batches(m.snapshots),  # of those, for want of an answer
         }
         # per task, for the timeline: (intended arrival, node) of each completed task, and the others
         result.extras["fault_timeline"] = {
