@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from lbtestbed.experiment.chaos import chaos_faults, faults_toml, problems, run_chaos
-from lbtestbed.model.spec import load_spec, message_kinds
+from lbtestbed.spec import load_spec
 
 SCALE = 0.02  # wall seconds per model second
 
@@ -66,7 +66,7 @@ def main() -> int:
             base_path = Path(tmp) / "base.toml"
             base_path.write_text(spec_text(args.seconds))
             base = load_spec(base_path)
-            one_way = [k for k in message_kinds(base.policy) if k not in ("probe", "probe_reply")]
+            one_way = [k for k in base.policy.message_kinds() if k not in ("probe", "probe_reply")]
             faults = chaos_faults(base, 3, seed, args.faults, one_way)
             spec = Path(tmp) / "spec.toml"
             spec.write_text(spec_text(args.seconds) + faults_toml(faults))

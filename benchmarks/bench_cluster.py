@@ -33,7 +33,7 @@ import uvloop
 
 from lbtestbed.cluster.launcher import Cluster
 from lbtestbed.cluster.processes import free_ports
-from lbtestbed.model.spec import load_spec
+from lbtestbed.spec import load_spec
 from lbtestbed.transport.signing import Signer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -42,7 +42,7 @@ from typing import Any
 from lbtestbed.cluster.launcher import Cluster
 from lbtestbed.cluster.processes import free_ports
 from lbtestbed.experiment.preflight import pools_spec
-from lbtestbed.model.spec import load_spec
+from lbtestbed.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 P99_LIMIT_MS = 2.0

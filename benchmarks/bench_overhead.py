@@ -34,7 +34,7 @@ from lbtestbed.cluster.launcher import Cluster
 from lbtestbed.cluster.processes import free_ports
 from lbtestbed.experiment.preflight import pools_spec
 from lbtestbed.loadgen.openloop import drive, poisson_tasks
-from lbtestbed.model.spec import load_spec
+from lbtestbed.spec import load_spec
 from lbtestbed.transport.http import HttpPool
 
 ECHO = """

@@ -60,7 +60,7 @@ def solver_part() -> None:
 
 def predict_part() -> None:
     from lbtestbed.analysis.theory import ctmc, predict
-    from lbtestbed.model.spec import load_spec, parse_spec
+    from lbtestbed.spec import load_spec, parse_spec
 
     with tempfile.TemporaryDirectory() as cache:
         os.environ["XDG_CACHE_HOME"] = cache

@@ -48,7 +48,8 @@ import simpy
 
 from lbtestbed.analysis.simulator import compiled
 from lbtestbed.analysis.simulator.engine import Simulator
-from lbtestbed.model.spec import Experiment, parse_spec
+from lbtestbed.model.experiment import Experiment
+from lbtestbed.spec import parse_spec
 
 TARGET_RATIO = 3.0  # the project's goal: lbtestbed at least 3x SimPy's events per second
 #: --instructions: the warm-up and the two measured lengths whose difference gives the cost of an event

@@ -47,8 +47,10 @@ import uvloop
 from lbtestbed.analysis.measurement.scrape import ScrapeError, Snapshot, scrape
 from lbtestbed.cluster.launcher import Cluster
 from lbtestbed.loadgen.openloop import LoadReport, drive
-from lbtestbed.model.spec import Experiment, SpecError, load_spec
+from lbtestbed.model.experiment import Experiment
+from lbtestbed.model.reader import SpecError
 from lbtestbed.model.workload import PoissonWorkload
+from lbtestbed.spec import load_spec
 from lbtestbed.transport.cluster_file import ClusterError, ClusterFile
 from lbtestbed.transport.http import HttpPool
 

@@ -42,6 +42,8 @@ SIMULATOR_FILES = (
     "lbtestbed/analysis/simulator/engine.py",
     # every policy module, the registry and the interface: both halves run in the simulator
     "lbtestbed/policies/__init__.py",
+    "lbtestbed/policies/catalog.py",
+    "lbtestbed/policies/unit.py",
     "lbtestbed/policies/base.py",
     "lbtestbed/policies/sampling.py",
     "lbtestbed/policies/jsq.py",
@@ -50,11 +52,15 @@ SIMULATOR_FILES = (
     "lbtestbed/policies/slta.py",
     "lbtestbed/policies/static.py",
     "lbtestbed/policies/hetero_ps.py",
+    "lbtestbed/policies/peak_ewma.py",
+    "lbtestbed/policies/prequal.py",
+    "lbtestbed/policies/edf.py",
     "lbtestbed/policies/structures.py",
     "lbtestbed/policies/ranking.py",
-    "lbtestbed/server_node/models.py",
+    "lbtestbed/model/nodes.py",
     "lbtestbed/model/workload.py",
-    "lbtestbed/model/spec.py",  # the message kinds a configuration counts, its random streams
+    "lbtestbed/model/experiment.py",  # the experiment and its policy's parameters
+    "lbtestbed/model/streams.py",  # its random streams
     "lbtestbed/model/distributions.py",
 )
 
@@ -124,12 +130,11 @@ simulator = "python"
 if os.environ.get("LBT_SIMULATOR") == "compiled":
     from lbtestbed.analysis.simulator import compiled
     simulator = compiled.load().__file__  # a missing or stale build fails the case here
-try:
-    from lbtestbed.model.spec import load_spec
-    from lbtestbed.analysis.simulator import simulate_once
-except ImportError:  # a --whole reference from before the package layout of issue 13 (commit 3e58d53)
+try:  # the spec reader above the policy library (issue 25), or a --whole reference from before it
     from lbtestbed.spec import load_spec
-    from lbtestbed.analysis.simulator import simulate_once
+except ImportError:
+    from lbtestbed.model.spec import load_spec
+from lbtestbed.analysis.simulator import simulate_once
 from lbtestbed.cli import main
 
 spec, overrides = sys.argv[1], sys.argv[2:]

@@ -20,7 +20,9 @@ from typing import Any, NoReturn
 
 from lbtestbed import __version__
 from lbtestbed.loadgen import TASK_DEADLINE
-from lbtestbed.model.spec import Experiment, SpecError, load_spec
+from lbtestbed.model.experiment import Experiment
+from lbtestbed.model.reader import SpecError
+from lbtestbed.spec import load_spec
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports it
@@ -112,7 +114,7 @@ def preflight(
 
 def run_size_problem(exp: Experiment) -> str | None:
     """Why ``lbt run`` could not hold the tasks it sends (the spec's warm-up, window and drain), or None."""
-    from lbtestbed.model.spec import sent_tasks_problem
+    from lbtestbed.model.reading import sent_tasks_problem
 
     # lbt run's arrivals: warm-up, window, and a fifth of the window more on processor-sharing nodes
     # (experiment.runner.drain_arrivals); the larger of the two, without importing the runner
@@ -378,9 +380,9 @@ def cmd_load(args: argparse.Namespace) -> int:
         "max_outstanding": args.max_outstanding,
     }
     try:
-        if args.spec is None:  # the cluster's own spec and overrides, then the command line's
+        if args.spec is None:  # the cluster's own experiment, then the command line's overrides
             assert cluster is not None
-            exp = load_spec(cluster.spec, [*cluster.overrides, *args.set])
+            exp = cluster.experiment(args.set)
         else:
             exp = load_spec(args.spec, args.set)
         try:  # "auto": the scale the cluster was started with (lbt cluster up picked it)
@@ -421,10 +423,8 @@ def cmd_load(args: argparse.Namespace) -> int:
         from lbtestbed.loadgen.locust_run import LocustError, run_locust
 
         try:
-            # locust's processes read the experiment from its file and overrides (its time scale resolved)
             summary = run_locust(
-                exp.source,
-                exp.overrides,
+                exp,
                 urls,
                 timeout=plan.hard_limit + 60,
                 quiet=args.quiet,

@@ -54,11 +54,13 @@ from lbtestbed.dispatcher.host import DispatcherHost
 from lbtestbed.experiment import runner
 from lbtestbed.experiment.sweep import grid, split_values, varying
 from lbtestbed.loadgen.openloop import TaskRecord
-from lbtestbed.model.spec import Experiment, SpecError, load_spec, parse_spec
+from lbtestbed.model.experiment import Experiment
+from lbtestbed.model.nodes import NodeModel, make_node
+from lbtestbed.model.reader import SpecError
 from lbtestbed.model.workload import Task
 from lbtestbed.server_node.host import NodeHost
 from lbtestbed.server_node.metrics import registry_for
-from lbtestbed.server_node.models import NodeModel, make_node
+from lbtestbed.spec import load_spec, parse_spec
 from lbtestbed.transport.cluster_file import ClusterError, ClusterFile, Endpoint
 
 REL = 1e-12

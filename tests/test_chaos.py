@@ -13,7 +13,7 @@ from pathlib import Path
 from test_cluster import fcfs_spec, write_spec
 
 from lbtestbed.experiment.chaos import KINDS, chaos_faults, faults_toml, problems, run_chaos
-from lbtestbed.model.spec import load_spec, message_kinds, parse_spec
+from lbtestbed.spec import load_spec, parse_spec
 
 #: JSQ on 6 FCFS nodes in 3 node processes, two dispatchers, 150 tasks a second for 7 s of wall time
 STORM = (
@@ -28,7 +28,7 @@ def test_a_seeded_storm_leaves_every_task_accounted_for_and_the_picture_true(tmp
     """Eight faults, one of each kind, overlapping, over 7 s of load (``STORM``, schedule seed 16); the
     faults' switches all reach their processes (a stopped one answers once it continues)."""
     base = parse_spec(tomllib.loads(STORM))
-    one_way = [k for k in message_kinds(base.policy) if k not in ("probe", "probe_reply")]
+    one_way = [k for k in base.policy.message_kinds() if k not in ("probe", "probe_reply")]
     faults = chaos_faults(base, NODE_PROCESSES, SEED, count=len(KINDS), one_way=one_way)
     assert sorted(f["kind"] for f in faults) == sorted(KINDS)  # one of each kind, overlapping in time
     assert any(a["until"] > b["at"] for a, b in itertools.pairwise(faults))

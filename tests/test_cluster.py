@@ -47,7 +47,8 @@ from lbtestbed.analysis.simulator import simulate_once
 from lbtestbed.analysis.simulator.engine import Simulator
 from lbtestbed.cluster.launcher import Cluster
 from lbtestbed.loadgen.openloop import LoadReport, drive, poisson_tasks
-from lbtestbed.model.spec import Experiment, load_spec, message_kinds
+from lbtestbed.model.experiment import Experiment
+from lbtestbed.spec import load_spec
 from lbtestbed.transport.cluster_file import ClusterFile
 from lbtestbed.transport.signing import Signer
 
@@ -448,7 +449,7 @@ def test_every_task_completes_and_the_routing_rule_shows(
     assert nodes.total("lbtestbed_node_tasks") == 0
     # messages: only the policy's own kinds, none failed, each received as often as sent (checked when
     # the run settled)
-    kinds = set(message_kinds(exp.policy))
+    kinds = set(exp.policy.message_kinds())
     d_sent = disp.by("lbtestbed_dispatcher_messages_sent_total", "kind")
     d_got = disp.by("lbtestbed_dispatcher_messages_received_total", "kind")
     n_sent = nodes.by("lbtestbed_node_messages_sent_total", "kind")
@@ -892,7 +893,7 @@ def conditional_message_rates(exp: Experiment, replications: int) -> dict[str, n
         raw = sim.run()
         tasks = raw.ratios["messages_per_task"][1].sum()
         rates = {}
-        for kind in message_kinds(exp.policy):
+        for kind in exp.policy.message_kinds():
             num, den = raw.ratios[f"messages:{kind}"]
             rates[kind] = num.sum() / den.sum()
         for outcome, count in raw.decisions.items():
@@ -981,14 +982,14 @@ def test_messages_per_task_agree_with_the_simulator(
     by_kind = result.metrics["messages_per_task"]["by_kind"]
     sim_tasks = int(raw.ratios["messages_per_task"][1].sum())
     assert sim_tasks == len(run.tasks), "the simulator and the cluster did not see the same tasks"
-    assert set(by_kind) == set(message_kinds(exp.policy))
+    assert set(by_kind) == set(exp.policy.message_kinds())
 
     sent = len(run.tasks)
     rates = {
         **run.nodes.by("lbtestbed_node_messages_sent_total", "kind"),
         **run.disp.by("lbtestbed_dispatcher_messages_sent_total", "kind"),
     }
-    cluster = {kind: rates.get(kind, 0.0) / sent for kind in message_kinds(exp.policy)}
+    cluster = {kind: rates.get(kind, 0.0) / sent for kind in exp.policy.message_kinds()}
     decisions = run.disp.by("lbtestbed_dispatcher_decisions_total", "outcome")
     report: list[str] = []
     if policy == "power_of_d":
@@ -1004,7 +1005,7 @@ def test_messages_per_task_agree_with_the_simulator(
         ),
     )
     # the reseeded runs centre on the simulator's own number for these tasks
-    for kind in message_kinds(exp.policy):
+    for kind in exp.policy.message_kinds():
         sims = ref.no_delay[kind]
         assert abs(by_kind[kind] - sims.mean()) <= Z * sims.std(ddof=1), (kind, by_kind[kind], sims.mean())
     if policy == "jiq":
@@ -1015,10 +1016,10 @@ def test_messages_per_task_agree_with_the_simulator(
             share = decisions.get(outcome, 0) / sent
             ref.check(f"{outcome} routing", f"decision:{outcome}", share, 0.0, report)
         drain = tasks_in_system_at_last_arrival(run.report) / sent
-        for kind in message_kinds(exp.policy):
+        for kind in exp.policy.message_kinds():
             ref.check(kind, kind, cluster[kind], drain if kind == "token_departure" else 0.0, report)
-        ref.no_delay["all"] = sum(ref.no_delay[kind] for kind in message_kinds(exp.policy))
-        ref.delayed["all"] = sum(ref.delayed[kind] for kind in message_kinds(exp.policy))
+        ref.no_delay["all"] = sum(ref.no_delay[kind] for kind in exp.policy.message_kinds())
+        ref.delayed["all"] = sum(ref.delayed[kind] for kind in exp.policy.message_kinds())
         ref.check("all SLTA messages", "all", sum(cluster.values()), drain, report)
     print("\n".join(report))
 

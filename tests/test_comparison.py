@@ -16,7 +16,8 @@ from scipy import stats
 from lbtestbed.analysis.comparison.compare import Side, compare, compare_scalar, run_agrees
 from lbtestbed.analysis.results.raw import RawRun
 from lbtestbed.analysis.results.result import summarize
-from lbtestbed.model.spec import Experiment, parse_spec
+from lbtestbed.model.experiment import Experiment
+from lbtestbed.spec import parse_spec
 
 SPEC = {
     "name": "paired",

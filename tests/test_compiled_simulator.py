@@ -21,7 +21,8 @@ import pytest
 
 from lbtestbed.analysis.simulator import compiled, simulate_once
 from lbtestbed.analysis.simulator.engine import Simulator
-from lbtestbed.model.spec import SpecError, parse_spec
+from lbtestbed.model.reader import SpecError
+from lbtestbed.spec import parse_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 

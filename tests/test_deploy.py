@@ -57,7 +57,8 @@ from packaging.specifiers import SpecifierSet
 
 from lbtestbed.cli import build_parser
 from lbtestbed.cluster import prometheus as lbt_prometheus
-from lbtestbed.model.spec import Experiment, load_spec
+from lbtestbed.model.experiment import Experiment
+from lbtestbed.spec import load_spec
 from lbtestbed.transport import wire
 from lbtestbed.transport.cluster_file import ClusterFile, Endpoint
 

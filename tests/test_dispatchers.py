@@ -29,12 +29,13 @@ from scipy import stats
 from lbtestbed.analysis.results.result import summarize
 from lbtestbed.analysis.simulator import simulate_once
 from lbtestbed.analysis.simulator.engine import Simulator
-from lbtestbed.model.spec import Experiment, parse_spec
+from lbtestbed.model.experiment import Experiment
 from lbtestbed.model.workload import DispatcherSplit
 from lbtestbed.policies import DispatcherSide, Message, make_dispatcher, make_node_sides
 from lbtestbed.policies.jiq import IdleTokenSender, JIQDispatcher
 from lbtestbed.policies.jsq import CountingDispatcher
 from lbtestbed.policies.slta import SLTADispatcher
+from lbtestbed.spec import parse_spec
 
 N, LOAD, Q = 2, 0.5, 20  # nodes, load per node, truncation (tasks per node)
 

@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 
-from lbtestbed.model.spec import SpecError, load_spec, parse_spec
+from lbtestbed.model.reader import SpecError
+from lbtestbed.spec import load_spec, parse_spec
 from lbtestbed.transport.message_faults import MessageFaults
 
 SPEC = """

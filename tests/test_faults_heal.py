@@ -53,7 +53,7 @@ from test_cluster import (
 
 from lbtestbed.cluster.launcher import Cluster, healthy, spawn
 from lbtestbed.loadgen.openloop import LoadReport, drive, poisson_tasks
-from lbtestbed.model.spec import load_spec
+from lbtestbed.spec import load_spec
 from lbtestbed.transport.cluster_file import ClusterFile
 from lbtestbed.transport.wire import PREFIX
 

@@ -26,7 +26,8 @@ from lbtestbed.analysis.results.result import METRICS, Result, summarize
 from lbtestbed.analysis.simulator import simulate_once
 from lbtestbed.analysis.theory import ctmc, finite, predict, refined
 from lbtestbed.cli import main
-from lbtestbed.model.spec import SpecError, load_spec, parse_spec
+from lbtestbed.model.reader import SpecError
+from lbtestbed.spec import load_spec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.toml"))

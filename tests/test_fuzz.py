@@ -75,9 +75,11 @@ from lbtestbed.cli import main as lbt_main
 from lbtestbed.cluster.launcher import Cluster
 from lbtestbed.dispatcher.app import build_app as build_dispatcher_app
 from lbtestbed.dispatcher.host import DispatcherHost
-from lbtestbed.model.spec import Experiment, SpecError, load_spec, parse_spec
+from lbtestbed.model.experiment import Experiment
+from lbtestbed.model.reader import SpecError
 from lbtestbed.server_node.app import build_app as build_node_app
 from lbtestbed.server_node.host import NodeHost
+from lbtestbed.spec import load_spec, parse_spec
 from lbtestbed.transport import wire
 from lbtestbed.transport.cluster_file import ClusterFile
 from lbtestbed.transport.signing import Signer, Verifier

@@ -27,9 +27,10 @@ from lbtestbed.cluster.launcher import Cluster
 from lbtestbed.experiment.fault_injector import Injector
 from lbtestbed.loadgen.openloop import drive, poisson_tasks
 from lbtestbed.model.conditions import SpeedChange, speed_changes
-from lbtestbed.model.spec import SpecError, load_spec, parse_spec
+from lbtestbed.model.nodes import INF, make_node
+from lbtestbed.model.reader import SpecError
 from lbtestbed.model.workload import PoissonWorkload, Task
-from lbtestbed.server_node.models import INF, make_node
+from lbtestbed.spec import load_spec, parse_spec
 
 # ================================================================================= set_speed, exactly
 

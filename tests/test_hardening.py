@@ -50,7 +50,7 @@ from lbtestbed.cluster.launcher import Cluster, healthy, spawn
 from lbtestbed.dispatcher.health import failure_kind
 from lbtestbed.dispatcher.host import DispatcherHost
 from lbtestbed.loadgen.openloop import OUTCOMES, LoadReport, drive, poisson_tasks
-from lbtestbed.model.spec import load_spec, parse_spec
+from lbtestbed.spec import load_spec, parse_spec
 from lbtestbed.transport.cluster_file import ClusterFile, Endpoint
 from lbtestbed.transport.http import LocalError
 from lbtestbed.transport.process import ConnectionGuard

@@ -24,7 +24,7 @@ from scipy import stats
 
 from lbtestbed.loadgen.openloop import drive, poisson_tasks, read_trace, run_load, write_trace
 from lbtestbed.loadgen.schedule import ScheduleError, parse_schedule, scheduled_tasks
-from lbtestbed.model.spec import parse_spec
+from lbtestbed.spec import parse_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 

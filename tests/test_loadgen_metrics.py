@@ -25,7 +25,7 @@ from test_loadgen import SPEC, _serve, sink, write_spec  # noqa: F401 (sink: a f
 
 from lbtestbed.loadgen.metrics import LoadCollector, registry_for
 from lbtestbed.loadgen.openloop import LoadReport, drive, poisson_tasks
-from lbtestbed.model.spec import parse_spec
+from lbtestbed.spec import parse_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

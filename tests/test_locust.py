@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from lbtestbed.cluster.launcher import Cluster
 from lbtestbed.loadgen.locust_run import LOCUSTFILE
 from lbtestbed.loadgen.plan import LEAD_IN, build_plan, closed_users
-from lbtestbed.model.spec import load_spec
+from lbtestbed.spec import load_spec
 from lbtestbed.transport.cluster_file import ClusterFile, Endpoint
 
 #: 4 pools (infinite servers, so no task waits) and 2 dispatchers (arrivals split at random); 150 tasks

@@ -25,14 +25,15 @@ from typing import Any
 
 import pytest
 
-from lbtestbed.model.spec import Experiment, parse_spec
+from lbtestbed.model.experiment import Experiment
+from lbtestbed.model.nodes import FCFSNode, PoolNode, PSNode, make_node
 from lbtestbed.model.utility import TableUtility
 from lbtestbed.model.workload import Task
 from lbtestbed.policies import Message, Probe, Route, make_dispatcher, make_node_sides
 from lbtestbed.policies.jlmu import ranking_of
 from lbtestbed.policies.ranking import Ranking
 from lbtestbed.policies.slta import SLTADispatcher, Thresholds
-from lbtestbed.server_node.models import FCFSNode, PoolNode, PSNode, make_node
+from lbtestbed.spec import parse_spec
 
 # upper 1e-6 quantiles of chi-square with df degrees of freedom (scipy.stats.chi2.isf(1e-6, df))
 CHI2_1E6 = {1: 23.93, 2: 27.63, 3: 30.66, 4: 33.38, 5: 35.89, 6: 38.26, 7: 40.52}

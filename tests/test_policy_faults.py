@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lbtestbed.model.spec import Experiment, parse_spec
+from lbtestbed.model.experiment import Experiment
 from lbtestbed.policies import (
     DispatcherSide,
     Message,
@@ -41,6 +41,7 @@ from lbtestbed.policies.jlmu import JLMUDispatcher
 from lbtestbed.policies.jsq import CountingDispatcher, JSQDispatcher
 from lbtestbed.policies.slta import SLTADispatcher
 from lbtestbed.policies.structures import LevelIndex
+from lbtestbed.spec import parse_spec
 
 # upper 1e-6 quantiles of chi-square with df degrees of freedom (as in test_policies.py)
 CHI2_1E6 = {1: 23.93, 2: 27.63, 3: 30.66, 4: 33.38, 5: 35.89}

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from lbtestbed.experiment import preflight as pf
-from lbtestbed.model.spec import load_spec
+from lbtestbed.spec import load_spec
 
 CAL = pf.Calibration(
     dispatcher_us=300.0,
@@ -118,7 +118,7 @@ def test_auto_picks_the_smallest_scale_that_fits(tmp_path: Path) -> None:
 
 
 def test_a_bad_time_scale_word_names_auto(tmp_path: Path) -> None:
-    from lbtestbed.model.spec import SpecError
+    from lbtestbed.model.reader import SpecError
 
     with pytest.raises(SpecError, match=r'run.time_scale: must be a positive number or "auto"'):
         load_spec(spec_file(tmp_path, scale="fast"))

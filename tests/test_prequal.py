@@ -15,10 +15,12 @@ import pytest
 
 from lbtestbed.analysis.simulator.engine import Simulator
 from lbtestbed.analysis.theory import predict
-from lbtestbed.model.spec import Experiment, PrequalParams, SpecError, parse_spec
+from lbtestbed.model.experiment import Experiment
+from lbtestbed.model.reader import SpecError
 from lbtestbed.policies import make_dispatcher, make_node_sides
 from lbtestbed.policies.base import DispatcherSide, Message, Route
-from lbtestbed.policies.prequal import PrequalDispatcher, PrequalNode, reuse_budget
+from lbtestbed.policies.prequal import PrequalDispatcher, PrequalNode, PrequalParams, reuse_budget
+from lbtestbed.spec import parse_spec
 
 
 def experiment(n: int = 10, **params: Any) -> Experiment:
@@ -64,7 +66,7 @@ def primed(n: int = 10, **params: Any) -> PrequalDispatcher:
 def test_the_defaults_are_the_papers() -> None:
     # section 4: a pool of m = 16, a max age of 1 s, r_remove = 1, delta = 1; section 5: r_probe = 3 probes
     # per query and Q_RIF = 2^(-1/4) ~ 0.84
-    p = experiment().policy.prequal
+    p = experiment().policy
     assert p == PrequalParams()
     assert (p.r_probe, p.r_remove, p.pool_size, p.max_age, p.delta) == (3.0, 1.0, 16, 1.0, 1.0)
     assert p.q_rif == pytest.approx(0.8409, abs=1e-4)

@@ -65,7 +65,7 @@ from lbtestbed.cluster.prometheus import (
 )
 from lbtestbed.experiment.fault_injector import FaultCollector, Injector
 from lbtestbed.loadgen.openloop import LoadReport, drive, poisson_tasks
-from lbtestbed.model.spec import load_spec
+from lbtestbed.spec import load_spec
 from lbtestbed.transport.cluster_file import ClusterFile
 from lbtestbed.transport.signing import Signer
 

@@ -30,12 +30,13 @@ from aiohttp.test_utils import TestServer
 
 from lbtestbed.dispatcher.app import build_app as build_dispatcher_app
 from lbtestbed.dispatcher.host import DispatcherHost
-from lbtestbed.model.spec import Experiment, parse_spec
+from lbtestbed.model.experiment import Experiment
 from lbtestbed.policies import DISPATCHER_BOUND, DISPATCHERS, MESSAGE_KINDS, NODE_BOUND
 from lbtestbed.policies.jlmu import ranking_of
 from lbtestbed.policies.slta import Thresholds
 from lbtestbed.server_node.app import build_app as build_node_app
 from lbtestbed.server_node.host import NodeHost
+from lbtestbed.spec import parse_spec
 from lbtestbed.transport import wire
 from lbtestbed.transport.signing import Signer
 

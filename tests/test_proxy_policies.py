@@ -17,13 +17,13 @@ from aiohttp.test_utils import TestServer
 
 from lbtestbed.dispatcher.app import build_app as build_dispatcher_app
 from lbtestbed.dispatcher.host import DispatcherHost
-from lbtestbed.model.spec import parse_spec
 from lbtestbed.policies.base import Route
 from lbtestbed.policies.edf import EdfScheduler
 from lbtestbed.policies.peak_ewma import PeakEwmaDispatcher
 from lbtestbed.policies.sampling import LeastRequestDispatcher
 from lbtestbed.server_node.app import build_app as build_node_app
 from lbtestbed.server_node.host import NodeHost
+from lbtestbed.spec import parse_spec
 
 TOKEN = "test-token"
 NOWHERE = "http://127.0.0.1:1"

@@ -27,7 +27,7 @@ from lbtestbed.analysis.simulator.records import (
     simulate_with_records,
     write_records,
 )
-from lbtestbed.model.spec import load_spec, parse_spec
+from lbtestbed.spec import load_spec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 

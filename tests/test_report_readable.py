@@ -22,7 +22,8 @@ from lbtestbed.analysis.report import plots
 from lbtestbed.analysis.report import run_report as report
 from lbtestbed.analysis.results.raw import RawRun
 from lbtestbed.analysis.results.result import METRICS, Result
-from lbtestbed.model.spec import Experiment, parse_spec
+from lbtestbed.model.experiment import Experiment
+from lbtestbed.spec import parse_spec
 
 SPEC = """
 name = "readable-run"

@@ -374,7 +374,7 @@ def test_a_warmup_shorter_than_the_fluid_model_needs_is_warned_about(tmp_path: P
     """Pools need ln(10 sqrt(n rho)) / mu model seconds to come within a tenth of a standard deviation of
     equilibrium from empty (docs/theory.md): 10 pools at rho = 3 need ln(10 sqrt(30)) = 4.00 s."""
     from lbtestbed.experiment.runner import warmup_warning
-    from lbtestbed.model.spec import load_spec
+    from lbtestbed.spec import load_spec
 
     spec = tmp_path / "spec.toml"
     spec.write_text(POOLS.format(name="warm", policy='name = "jlmu"', duration=10, scale=0.1))

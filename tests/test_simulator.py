@@ -36,7 +36,8 @@ from lbtestbed.analysis.results.raw import RawRun
 from lbtestbed.analysis.results.result import Result, summarize
 from lbtestbed.analysis.simulator import simulate_once
 from lbtestbed.analysis.theory.pools import pool_optimum
-from lbtestbed.model.spec import Experiment, parse_spec
+from lbtestbed.model.experiment import Experiment
+from lbtestbed.spec import parse_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 

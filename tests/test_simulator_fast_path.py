@@ -18,11 +18,11 @@ import pytest
 
 from lbtestbed.analysis.results.raw import RawRun
 from lbtestbed.analysis.simulator.engine import Simulator
-from lbtestbed.model.spec import parse_spec
+from lbtestbed.model.nodes import make_node
 from lbtestbed.model.workload import Task
 from lbtestbed.policies import Probe, make_dispatcher
 from lbtestbed.policies.sampling import PowerOfDDispatcher
-from lbtestbed.server_node.models import make_node
+from lbtestbed.spec import parse_spec
 
 
 def spec(

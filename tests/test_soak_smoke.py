@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from lbtestbed.loadgen.openloop import poisson_tasks
-from lbtestbed.model.spec import load_spec
+from lbtestbed.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from lbtestbed import cli
-from lbtestbed.model.spec import SpecError, apply_overrides, load_spec, parse_spec
+from lbtestbed.model.reader import SpecError
+from lbtestbed.spec import apply_overrides, load_spec, parse_spec
 
 SOURCE = "bad.toml"
 

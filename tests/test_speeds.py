@@ -28,8 +28,9 @@ from lbtestbed.analysis.simulator.engine import Simulator
 from lbtestbed.analysis.theory.predict import predict
 from lbtestbed.experiment.runner import ejection_warning
 from lbtestbed.model.conditions import SpeedChange, speed_changes, speed_varies
-from lbtestbed.model.spec import SpecError, parse_spec
+from lbtestbed.model.reader import SpecError
 from lbtestbed.model.workload import PoissonWorkload
+from lbtestbed.spec import parse_spec
 
 LBT = (sys.executable, "-m", "lbtestbed.cli")
 BASE = """
@@ -328,8 +329,8 @@ def test_idle_capacity_integrates_the_speed_the_node_had_while_idle() -> None:
 def test_a_node_model_integrates_its_speed_while_idle(discipline: str) -> None:
     """Idle at speed 1 over [0, 2), at 0.5 over [2, 3); a task of work 1 from 3 to 5; idle at 0.5 over
     [5, 6) and at 2 over [6, 7): 2 + 0.5 + 0.5 + 2 = 5."""
+    from lbtestbed.model.nodes import make_node
     from lbtestbed.model.workload import Task
-    from lbtestbed.server_node.models import make_node
 
     node = make_node(discipline, 1.0)
     node.set_speed(2.0, 0.5)
@@ -630,8 +631,8 @@ def test_a_node_host_maps_the_run_clock_through_the_monotonic_clock_when_it_can(
     the step is due at the host's model time 27; given in Unix time only (1e6 + 10), at 30."""
     import asyncio
 
+    from lbtestbed.model.nodes import make_node
     from lbtestbed.server_node.host import NodeHost
-    from lbtestbed.server_node.models import make_node
     from lbtestbed.transport import wire
 
     exp = parse_spec(tomllib.loads(ONE_FCFS))

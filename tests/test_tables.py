@@ -10,7 +10,7 @@ from lbtestbed.analysis.results.result import summarize
 from lbtestbed.analysis.results.tables import render, render_notes, show
 from lbtestbed.analysis.simulator import simulate_once
 from lbtestbed.analysis.theory import predict
-from lbtestbed.model.spec import load_spec
+from lbtestbed.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 

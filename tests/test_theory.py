@@ -50,8 +50,9 @@ from lbtestbed.analysis.theory.pools import (
 )
 from lbtestbed.cli import main
 from lbtestbed.model.distributions import SizeDistribution
-from lbtestbed.model.spec import Experiment, load_spec, parse_spec
+from lbtestbed.model.experiment import Experiment
 from lbtestbed.policies.jlmu import ranking_of
+from lbtestbed.spec import load_spec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted(glob.glob(str(ROOT / "examples" / "*.toml")))

@@ -15,8 +15,9 @@ import pytest
 from lbtestbed.analysis.simulator.engine import Simulator
 from lbtestbed.analysis.simulator.twin import Emulation, TwinSimulator
 from lbtestbed.loadgen.openloop import poisson_tasks
-from lbtestbed.model.spec import Experiment, parse_spec
+from lbtestbed.model.experiment import Experiment
 from lbtestbed.policies import Message
+from lbtestbed.spec import parse_spec
 from lbtestbed.transport.wire import message_key
 
 QUEUES = {
@@ -203,9 +204,9 @@ async def test_a_node_message_is_stamped_at_the_event_that_made_it() -> None:
 
     import orjson
 
+    from lbtestbed.model.nodes import make_node
     from lbtestbed.model.workload import Task
     from lbtestbed.server_node.host import NodeHost
-    from lbtestbed.server_node.models import make_node
 
     exp = parse_spec(
         {

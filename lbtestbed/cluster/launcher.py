@@ -26,7 +26,7 @@ from typing import Any
 
 from lbtestbed.cluster import netns as ns
 from lbtestbed.cluster.processes import DeferredSignals, Started, free_ports, locked, stop_all
-from lbtestbed.model.spec import Experiment
+from lbtestbed.model.experiment import Experiment
 from lbtestbed.transport.cluster_file import (
     DEFAULT_FILE,
     LOOPBACK,
@@ -138,12 +138,8 @@ class Cluster:
         """Start a cluster for ``exp``; ``netns``: every node process in its own network namespace on a
         bridge (``lbtestbed.cluster.netns``), with ``bandwidth`` (a tc rate) on every link if given.
 
-        The processes read the experiment themselves, from the file and overrides it was loaded from
-        (``exp.source``, ``exp.overrides``); it runs the spec's ``policy.dispatchers`` dispatchers."""
-        if not Path(exp.source).is_file():
-            raise ClusterError(
-                f"{exp.source}: the cluster's processes read the spec from a file: no such file"
-            )
+        The processes read ``exp`` whole from the cluster file (``ClusterFile.experiment``), as it is
+        here: overrides applied and the time scale resolved; it runs ``policy.dispatchers`` dispatchers."""
         if node_processes is not None and node_processes < 1:
             raise ClusterError(f"a cluster needs at least one node process, got {node_processes}")
         if bandwidth and not netns:
@@ -217,13 +213,12 @@ class Cluster:
             if journal is not None:
                 journal.unlink(missing_ok=True)
         self.exp = exp
-        self.file = ClusterFile(
-            str(Path(exp.source).resolve()),
-            list(exp.overrides),
-            secrets.token_hex(16),
-            disp,
-            hosts,
-            max_tasks,
+        self.file = ClusterFile.of(
+            exp,
+            token=secrets.token_hex(16),
+            dispatchers=disp,
+            node_hosts=hosts,
+            max_tasks=max_tasks,
             netns=layout.to_json() if layout else {},
         )
         self.file.save(self.path)

@@ -41,7 +41,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lbtestbed.cluster.processes import Started, free_ports, stop_all
-from lbtestbed.model.spec import Experiment, SpecError, load_spec
+from lbtestbed.model.experiment import Experiment
+from lbtestbed.model.reader import SpecError
+from lbtestbed.policies import CATALOG
+from lbtestbed.spec import load_spec
 from lbtestbed.transport.cluster_file import LOOPBACK, ClusterFile
 from lbtestbed.transport.wire import sojourn_buckets
 
@@ -137,9 +140,11 @@ def constant_rules(exp: Experiment, name: str) -> dict[str, Any]:
                     values.append(("lbtestbed:predicted:occupancy_tail", point["value"], labels))
         elif isinstance(entry, dict):
             values.append((f"lbtestbed:predicted:{metric}", entry.get("value"), base))
-    bounds = result.get("bounds", {})
-    for key, record in (("utility_upper", "utility_bound"), ("r_star", "slta_r_star")):
-        values.append((f"lbtestbed:predicted:{record}", bounds.get(key), base))
+    values.append(("lbtestbed:predicted:utility_bound", result.get("bounds", {}).get("utility_upper"), base))
+    for learned in CATALOG.learned():  # the value a learned quantity should settle at (SLTA's r*)
+        values.append(
+            (f"lbtestbed:predicted:{learned.name}_star", result["metrics"][learned.name]["value"], base)
+        )
     rules = [
         {"record": record, "expr": f"vector({float(v)!r})", "labels": labels}
         for record, v, labels in values

@@ -5,13 +5,13 @@ from lbtestbed.dispatcher.host import DispatcherHost
 from lbtestbed.transport.cluster_file import journal_of
 from lbtestbed.transport.process import Budget, ConnectionGuard, process_args, raise_fd_limit, serve
 
-cluster, index, listen = process_args("dispatcher")
+cluster, exp, index, listen = process_args("dispatcher")
 me = cluster.dispatchers[index]
 budget = Budget.of("dispatcher", raise_fd_limit())
 host = DispatcherHost(
-    cluster.experiment(),
+    exp,
     index,
-    len(cluster.dispatchers),
+    exp.policy.dispatchers,
     cluster.node_urls(),
     cluster.token,
     me.url,

@@ -17,7 +17,7 @@ is fresh too, so a restarted dispatcher rebuilds its picture from the nodes' own
 Between transitions the answers serve reconciliation: the policy gets each node's report from at least
 ``reconcile_age`` ago, old enough that every message the node sent before it has arrived unless it was
 lost, and applies what it shows that no message brought. Under exact delivery this changes nothing.
-Answers overdue to a message of ours (SLTA's epochs) are asked again after ``health.timeout``.
+Answers overdue to a message of ours (a policy's ``resends``) are asked again after ``health.timeout``.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ import aiohttp
 import orjson
 
 from lbtestbed.dispatcher.outliers import OutlierDetector
-from lbtestbed.model.spec import Experiment
-from lbtestbed.policies import DispatcherSide, Message
+from lbtestbed.model.experiment import Experiment
+from lbtestbed.policies import DispatcherSide, Message, policy_of
 from lbtestbed.transport import wire
 from lbtestbed.transport.http import LOCAL_ERRNOS, LocalError
 from lbtestbed.transport.signing import SIGNATURE, Signer
@@ -175,8 +175,8 @@ class Health:
         self.spared = 0  # timeouts not acted on: they would have ejected more than max_ejection
         self.outliers = OutlierDetector(exp.node_speeds, exp.health)
         self.ejections = 0  # outliers ejected
-        # from 0 for what the policy may resend (SLTA's epochs), so that the first resend is an increase
-        self.resent: Counter[str] = Counter({"epoch": 0} if exp.policy.name == "slta" else {})
+        # from 0 for what the policy may resend (unit.Policy.resends), so that the first resend is an increase
+        self.resent: Counter[str] = Counter(dict.fromkeys(policy_of(exp).resends, 0))
         self.ignored: Counter[str] = Counter()  # messages from nodes that were down
         self.tasks: list[asyncio.Task[None]] = []
         # health checks ride on kept-alive connections to processes that answer, and on a fresh connection
@@ -448,7 +448,7 @@ class Health:
         self.last_sent[node] = time.monotonic()
 
     async def _resend_overdue(self) -> None:
-        """Ask again where an answer to a message of ours is overdue (a lost SLTA epoch or its answer)."""
+        """Ask again where an answer to a message of ours is overdue (a lost message or its answer)."""
         host = self.host
         while True:
             await asyncio.sleep(self.interval)

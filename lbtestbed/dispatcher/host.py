@@ -27,9 +27,9 @@ from prometheus_client.registry import Collector
 
 from lbtestbed.dispatcher.health import Health, failure_kind
 from lbtestbed.model.distributions import BlockSampler
-from lbtestbed.model.spec import Experiment, message_kinds, seed_sequence, seeded_random
-from lbtestbed.policies import DISPATCHER_BOUND, DispatcherSide, Message, Probe, Route, make_dispatcher
-from lbtestbed.policies.slta import SLTADispatcher
+from lbtestbed.model.experiment import Experiment
+from lbtestbed.model.streams import seed_sequence, seeded_random
+from lbtestbed.policies import DispatcherSide, Message, Probe, Route, make_dispatcher, policy_of
 from lbtestbed.transport import wire
 from lbtestbed.transport.http import Peers
 from lbtestbed.transport.message_faults import MessageFaults
@@ -86,7 +86,8 @@ class DispatcherHost:
         self.verifier = Verifier(token, url)  # what the nodes send it, and its answers
         self.scale = exp.run.time_scale
         self.max_work = wire.MAX_WORK_MEANS * exp.workload.service.mean
-        self.accepts = DISPATCHER_BOUND[exp.policy.name]
+        self.declared = policy_of(exp)
+        self.accepts = self.declared.dispatcher_bound
         rng = seeded_random(exp.seed, "policy", DISPATCHER_STREAM + index)
         self.policy = make_dispatcher(exp, rng, index, dispatchers)
         self.delay = None
@@ -101,7 +102,7 @@ class DispatcherHost:
         # messages this dispatcher could not deliver; every kind it sends starts at 0, so that the first
         # failure is an increase that Prometheus sees (a series that appears at 1 has no increase)
         self.failures: Counter[str] = Counter(
-            {k: 0 for k in message_kinds(exp.policy) if k not in self.accepts and k != "probe_reply"}
+            {k: 0 for k in exp.policy.message_kinds() if k not in self.accepts and k != "probe_reply"}
         )
         self.rejected: Counter[str] = Counter()  # messages it received and refused
         self.decisions: Counter[str] = Counter()
@@ -115,10 +116,12 @@ class DispatcherHost:
         self.in_flight = 0
         self.started = time.monotonic()
         # integrals over model time, so that a window's time averages are exact (docs/design.md, principle 5):
-        # the tasks accepted and not yet answered (probes, forwarding and service included), and SLTA's r
+        # the tasks accepted and not yet answered (probes, forwarding and service included), and what the
+        # policy learns (unit.Learned), if it learns anything
         self.present = TimeIntegral(self.started, self.scale)
-        self.slta = self.policy if isinstance(self.policy, SLTADispatcher) else None
-        self.r = TimeIntegral(self.started, self.scale, self.slta.r if self.slta is not None else 0)
+        self.learned = self.declared.learned
+        start = self.policy.learned_value() if self.learned is not None else 0
+        self.r = TimeIntegral(self.started, self.scale, start)
         # the task path's requests (forwards, probes, messages): lean kept-alive connections per process
         self.peers = Peers(signer=self.signer)
         self.node_peer = [
@@ -174,9 +177,9 @@ class DispatcherHost:
         return policy
 
     def track_r(self) -> None:
-        """Follow SLTA's r; called after every policy call that can change it."""
-        if self.slta is not None:
-            self.r.set(self.slta.r, time.monotonic())
+        """Follow what the policy learns; called after every policy call that can change it."""
+        if self.learned is not None:
+            self.r.set(self.policy.learned_value(), time.monotonic())
 
     async def _sleep_delay(self) -> None:
         if self.delay is not None:
@@ -512,7 +515,7 @@ class _DispatcherCollector(Collector):
         yield in_flight
         state = GaugeMetricFamily(
             "lbtestbed_dispatcher_policy_state",
-            "Policy state: SLTA's r and tokens, JIQ tokens, ...",
+            "Policy state: what the policy learns, its tokens, its picture's idle nodes, ...",
             labels=["quantity"],
         )
         for quantity, amount in sorted(h.policy.gauges().items()):
@@ -531,10 +534,10 @@ class _DispatcherCollector(Collector):
         )
         present.add_metric([], h.present.area(now))
         yield present
-        if h.slta is not None:
+        if h.learned is not None:
             area = CounterMetricFamily(
-                "lbtestbed_dispatcher_slta_r_model_seconds",
-                "Integral of SLTA's learned index r over model time (increase / model seconds = mean r)",
+                f"lbtestbed_dispatcher_{h.learned.name}_model_seconds",
+                f"Integral of {h.learned.label} over model time (increase / model seconds = its mean)",
             )
             area.add_metric([], h.r.area(now))
             yield area

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from lbtestbed.model.spec import HealthSpec
+from lbtestbed.model.experiment import HealthSpec
 
 
 class OutlierDetector:

@@ -37,8 +37,9 @@ from lbtestbed.cluster.launcher import Cluster, split_nodes
 from lbtestbed.dispatcher.health import FIRST_CONTACT
 from lbtestbed.experiment.runner import measure
 from lbtestbed.loadgen.openloop import LoadReport, poisson_tasks
-from lbtestbed.model.spec import Experiment
+from lbtestbed.model.experiment import Experiment
 from lbtestbed.model.workload import DispatcherSplit
+from lbtestbed.policies import policy_of
 
 Say = Callable[[str], None]
 
@@ -46,8 +47,6 @@ Say = Callable[[str], None]
 KINDS = ("kill", "pause", "restart_dispatcher", "slow", "fail", "drop", "duplicate", "delay")
 #: wall seconds after the load within which the dispatchers must have healed (a liveness bound)
 HEAL_WITHIN = 30.0
-#: what each policy's dispatcher shows of its picture when every node is idle, as a gauge and its value
-IDLE_PICTURE = {"jsq": "idle_nodes", "jiq": "idle_tokens"}
 
 
 def chaos_faults(
@@ -159,8 +158,9 @@ def pictures_of(urls: Sequence[str]) -> list[dict[str, float]]:
 
 def healed(exp: Experiment, pictures: Sequence[dict[str, float]]) -> bool:
     """Whether every dispatcher has every node up and idle in its picture."""
-    gauge = IDLE_PICTURE.get(exp.policy.name)
-    if gauge == "idle_tokens":  # JIQ: every idle node's token is held by one dispatcher
+    declared = policy_of(exp)
+    gauge = declared.picture
+    if gauge is not None and declared.picture_split:  # every idle node is in one dispatcher's picture
         held = sum(p.get(gauge, 0.0) for p in pictures)
         return held == exp.n and all(p["nodes_up"] == exp.n for p in pictures)
     return all(p["nodes_up"] == exp.n and (gauge is None or p.get(gauge) == exp.n) for p in pictures)

@@ -23,7 +23,7 @@ from typing import Any
 import aiohttp
 
 from lbtestbed.cluster.launcher import spawn, started
-from lbtestbed.model.spec import GRAY_FAULTS, MESSAGE_FAULTS, Experiment, Fault
+from lbtestbed.model.experiment import GRAY_FAULTS, MESSAGE_FAULTS, Experiment, Fault
 from lbtestbed.transport import wire
 from lbtestbed.transport.cluster_file import ClusterError, ClusterFile, Endpoint
 from lbtestbed.transport.signing import SIGNATURE, Signer

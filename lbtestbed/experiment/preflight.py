@@ -15,6 +15,7 @@ process, and the CPU of each process is its calibrated cost per event times the 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import os
@@ -29,7 +30,9 @@ from pathlib import Path
 import numpy as np
 
 from lbtestbed.cluster.launcher import Cluster, default_node_processes
-from lbtestbed.model.spec import Experiment, load_spec
+from lbtestbed.model.experiment import Experiment
+from lbtestbed.policies import policy_of
+from lbtestbed.spec import load_spec
 from lbtestbed.transport.cluster_file import ClusterFile
 
 #: a process busier than this (fraction of a core) makes the run's verdict about the machine: warned
@@ -193,36 +196,14 @@ class Estimate:
 
 
 def probes_per_task(exp: Experiment) -> float:
-    d = exp.policy.d
-    if exp.policy.name == "power_of_d" and isinstance(d, int):
-        return float(d)
-    if exp.policy.name in ("scheme1", "scheme2") and isinstance(d, tuple):
-        return float(sum(d))
-    return 0.0
+    """Probe round trips per task: each a request of its own, answered on it."""
+    return policy_of(exp).messages(exp).probes
 
 
 def own_messages_per_task(exp: Experiment) -> float:
-    """State messages per task sent on a request of their own (the others ride on replies sent anyway):
-    with an emulated delay every one; without, those for a dispatcher other than the one that routed the
-    task (a full view's notices, JIQ's tokens and probes for other dispatchers) and SLTA's epochs (a few
-    per hundred tasks, counted as a tenth)."""
-    pol = exp.policy
-    k = pol.dispatchers
-    full = pol.view == "full" and k > 1
-    if pol.name in ("jsq", "jlmu", "slta"):
-        epochs = 0.1 * k if pol.name == "slta" else 0.0
-        if exp.network.delay is not None:
-            return (2 * k - 1 if full else 1.0) + epochs
-        return (2 * (k - 1) if full else 0.0) + epochs  # the origin's departure notice rides
-    if pol.name == "jiq":
-        d = pol.d if isinstance(pol.d, int) else 1
-        per_token = 1.0 + (2 * d if d > 1 else 0)  # at most one token a task, after 2d probes and answers
-        if exp.network.delay is not None:
-            return per_token
-        # JIQ-Random: a token for another dispatcher than the task's; JIQ-SQ(d): the probes and answers
-        # (the token rides on the reply to the answer it follows)
-        return (k - 1) / k if d == 1 else 2.0 * d
-    return 0.0
+    """State messages per task sent on a request of their own (the others ride on replies sent anyway), as
+    the policy counts them (``unit.MessageCost.own``)."""
+    return policy_of(exp).messages(exp).own
 
 
 def mean_service(exp: Experiment) -> float:
@@ -290,8 +271,9 @@ def auto_time_scale(
 
 
 def resolve(exp: Experiment, time_scale: float) -> Experiment:
-    """``exp`` with its time scale set (the cluster's processes read it through the overrides)."""
-    return load_spec(exp.source, [*exp.overrides, f"run.time_scale={time_scale!r}"])
+    """``exp`` with its time scale set (the cluster file carries it to the processes)."""
+    run = dataclasses.replace(exp.run, time_scale=time_scale, auto_time_scale=False)
+    return dataclasses.replace(exp, run=run)
 
 
 def at_cluster_scale(exp: Experiment, cluster: Path) -> Experiment:

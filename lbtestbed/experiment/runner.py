@@ -39,8 +39,11 @@ from lbtestbed.dispatcher.host import DISPATCHER_STREAM
 from lbtestbed.experiment.fault_injector import FaultCollector, Injector, check
 from lbtestbed.loadgen.openloop import LoadReport, drive, poisson_tasks, write_trace
 from lbtestbed.model.conditions import speed_changes, speed_varies
-from lbtestbed.model.spec import GRAY_FAULTS, Experiment, SpecError
+from lbtestbed.model.document import document
+from lbtestbed.model.experiment import GRAY_FAULTS, Experiment
+from lbtestbed.model.reader import SpecError
 from lbtestbed.model.workload import DispatcherSplit
+from lbtestbed.policies import policy_of
 from lbtestbed.transport.cluster_file import ClusterError, ClusterFile
 
 Say = Callable[[str], None]
@@ -74,9 +77,10 @@ class Measurement:
 
 def warmup_warning(exp: Experiment) -> str | None:
     """A warning when the spec's warm-up is shorter than the JLMU fluid model says pools need."""
-    if {c.discipline for c in exp.classes} != {"pool"} or exp.policy.name not in ("jlmu", "slta"):
+    from lbtestbed.analysis.theory.fluid import describes, warmup_needed
+
+    if not describes(exp):
         return None
-    from lbtestbed.analysis.theory.fluid import warmup_needed
 
     try:
         need = warmup_needed(exp)
@@ -141,12 +145,15 @@ def excluded_batches(exp: Experiment) -> list[bool]:
     ]
 
 
-async def _sample_r(session: aiohttp.ClientSession, url: str, origin: float, scale: float, out: list) -> None:
-    """SLTA's r from the dispatcher's gauge, for the plot (its time average comes from the exact integral)."""
+async def _sample_r(
+    session: aiohttp.ClientSession, url: str, origin: float, scale: float, quantity: str, out: list
+) -> None:
+    """What the policy learns (its gauge ``quantity``) from the dispatcher, for the plot (its time average
+    comes from the exact integral)."""
     while True:
         with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
             snap = await scrape(session, [url], origin)
-            r = snap.by("lbtestbed_dispatcher_policy_state", "quantity").get(("slta_r",))
+            r = snap.by("lbtestbed_dispatcher_policy_state", "quantity").get((quantity,))
             if r is not None:
                 out.append((snap.at / scale, r))
         await asyncio.sleep(R_SAMPLE_WALL)
@@ -243,8 +250,10 @@ async def measure(
             await injector.set_origin(session, origin_unix)  # within the lead-in, before the first task
         injecting = asyncio.ensure_future(injector.run(session)) if faulty else None
         sampler = None
-        if exp.policy.name == "slta":
-            sampler = asyncio.ensure_future(_sample_r(session, f.dispatchers[0].url, origin, scale, r_series))
+        learned = policy_of(exp).learned
+        if learned is not None:
+            url = f.dispatchers[0].url
+            sampler = asyncio.ensure_future(_sample_r(session, url, origin, scale, learned.name, r_series))
         try:
             say(f"warm-up: {exp.run.warmup:g} model s = {exp.run.warmup * scale:.1f} s wall")
             for b, t in enumerate(marks):
@@ -322,14 +331,15 @@ def existing_cluster(exp: Experiment, endpoints: Path) -> ClusterFile:
     try:
         running = f.experiment()
     except SpecError as e:
-        raise ClusterError(f"{endpoints}: the cluster's own spec does not load: {e}") from None
-    # the processes read their spec when they started: what they apply must be what the run assumes
+        raise ClusterError(f"{endpoints}: the cluster's own experiment does not load: {e}") from None
+    # the processes took their experiment when they started: what they apply must be what the run assumes
+    ours, theirs_doc = document(exp), document(running)
     for what, mine, theirs in (
-        ("classes", exp.raw.get("classes"), running.raw.get("classes")),
+        ("classes", ours["classes"], theirs_doc["classes"]),
         ("seed", exp.seed, running.seed),  # speeds drawn from a distribution depend on it
-        ("policy", exp.raw.get("policy"), running.raw.get("policy")),
+        ("policy", ours["policy"], theirs_doc["policy"]),
         ("run.time_scale", exp.run.time_scale, running.run.time_scale),
-        ("network", exp.raw.get("network"), running.raw.get("network")),
+        ("network", ours["network"], theirs_doc["network"]),
     ):
         if mine != theirs:
             raise ClusterError(

@@ -20,11 +20,21 @@ from typing import Any
 
 from lbtestbed.analysis.report import plots
 from lbtestbed.analysis.results.result import Result
-from lbtestbed.model.spec import Experiment, SpecError, load_spec
+from lbtestbed.model.experiment import Experiment
+from lbtestbed.model.reader import SpecError
+from lbtestbed.policies import CATALOG
+from lbtestbed.spec import load_spec
 
 Say = Callable[[str], None]
 #: the columns of the combined table, in order
-COLUMNS = ("mean_sojourn", "sojourn_p50", "sojourn_p99", "utility", "messages_per_task", "slta_r")
+COLUMNS = (
+    "mean_sojourn",
+    "sojourn_p50",
+    "sojourn_p99",
+    "utility",
+    "messages_per_task",
+    *(learned.name for learned in CATALOG.learned()),
+)
 
 
 def split_values(text: str) -> list[str]:

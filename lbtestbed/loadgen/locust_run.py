@@ -17,6 +17,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from lbtestbed.model.document import document
+from lbtestbed.model.experiment import Experiment
+
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 SCRUBBED = ("LBT_SPEC", "LBT_SCHEDULE")  # the command line says everything; stray settings must not add to it
 #: locust options ``lbt load --locust`` sets itself (or the load shape does): not to be passed through
@@ -76,8 +79,7 @@ def locust_command(
 
 
 def run_locust(
-    spec: str,
-    overrides: Sequence[str],
+    exp: Experiment,
     dispatchers: Sequence[str],
     *,
     timeout: float,
@@ -91,7 +93,11 @@ def run_locust(
     with tempfile.TemporaryDirectory(prefix="lbt-locust-") as tmp:
         report = Path(tmp) / "summary.json"
         log = Path(tmp) / "locust.log"
-        cmd = locust_command(spec, overrides, dispatchers, str(report), quiet=quiet, **options)
+        # locust's processes read the experiment as resolved here (overrides applied, time scale set), from
+        # its document: none of them reads the spec file again
+        spec = Path(tmp) / "experiment.json"
+        spec.write_text(json.dumps(document(exp)))
+        cmd = locust_command(str(spec), (), dispatchers, str(report), quiet=quiet, **options)
         env = {k: v for k, v in os.environ.items() if k not in SCRUBBED}
         with open(log, "wb") as out:
             sink = out if quiet else sys.stderr

@@ -69,8 +69,8 @@ from lbtestbed.loadgen.plan import (
     describe,
 )
 from lbtestbed.loadgen.shares import failed_part, merged, part, share, worker_rows
-from lbtestbed.model.spec import load_spec
 from lbtestbed.model.workload import PoissonWorkload
+from lbtestbed.spec import load_spec
 from lbtestbed.transport import wire
 from lbtestbed.transport.wire import PREFIX, sojourn_buckets
 

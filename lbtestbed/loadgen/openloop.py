@@ -30,7 +30,7 @@ import orjson
 import uvloop
 
 from lbtestbed.loadgen import TASK_DEADLINE
-from lbtestbed.model.spec import Experiment
+from lbtestbed.model.experiment import Experiment
 from lbtestbed.model.workload import PoissonWorkload
 from lbtestbed.transport.http import HttpPool
 from lbtestbed.transport.wire import PREFIX

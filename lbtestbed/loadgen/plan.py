@@ -21,7 +21,8 @@ from pathlib import Path
 
 from lbtestbed.loadgen.openloop import poisson_tasks, read_trace
 from lbtestbed.loadgen.schedule import RateSchedule, ScheduleError, parse_schedule, scheduled_tasks
-from lbtestbed.model.spec import Experiment, sent_tasks_problem
+from lbtestbed.model.experiment import Experiment
+from lbtestbed.model.reading import sent_tasks_problem
 from lbtestbed.model.workload import DispatcherSplit
 
 MODES = ("open", "closed")

@@ -20,7 +20,7 @@ from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from lbtestbed.model.spec import Experiment
+from lbtestbed.model.experiment import Experiment
 from lbtestbed.model.workload import PoissonWorkload
 
 _NUMBER = r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?"

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from lbtestbed.model.experiment import Experiment
 from lbtestbed.model.schedules import antagonist_random, levels, switches
-from lbtestbed.model.spec import Experiment
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,16 @@ class Utility:
         self.value(upto)
         return self._values[: upto + 1]
 
+    def table(self) -> dict[str, object]:
+        """The spec's ``utility`` table that reads back as this utility."""
+        raise NotImplementedError
+
+    def __eq__(self, other: object) -> bool:  # equal when the spec gives the same table
+        return isinstance(other, Utility) and type(other) is type(self) and other.table() == self.table()
+
+    def __hash__(self) -> int:
+        return hash(repr(sorted(self.table().items())))
+
 
 class XLogUtility(Utility):
     """u(x) = x ln(r / x), u(0) = 0: x tasks sharing a resource r (Table 1 of the JLMU/SLTA paper)."""
@@ -57,21 +67,28 @@ class XLogUtility(Utility):
         for k in range(len(self._values), x + 1):
             self._values.append(k * math.log(self.r / k))
 
+    def table(self) -> dict[str, object]:
+        return {"kind": "xlog", "r": self.r}
+
 
 class TableUtility(Utility):
     """u given as a table u(0..m); beyond the table u continues with its last increment."""
 
-    __slots__ = ("last_step",)
+    __slots__ = ("given", "last_step")
 
     def __init__(self, values: Sequence[float]) -> None:
         if len(values) < 2:
             raise ValueError("a utility table needs at least two values")
+        self.given = list(values)
         self.last_step = values[-1] - values[-2]
         super().__init__(values, f"table{list(values)!r}")
 
     def _extend(self, x: int) -> None:
         while len(self._values) <= x:
             self._values.append(self._values[-1] + self.last_step)
+
+    def table(self) -> dict[str, object]:
+        return {"kind": "table", "values": list(self.given)}
 
 
 def first_concavity_violation(values: Sequence[float]) -> int | None:

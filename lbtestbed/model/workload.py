@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from lbtestbed.model.spec import Experiment, seed_sequence, seeded_random
+from lbtestbed.model.experiment import Experiment
+from lbtestbed.model.streams import seed_sequence, seeded_random
 
 
 class Task:

@@ -12,7 +12,7 @@ import random
 from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any, ClassVar, NamedTuple
 
-from lbtestbed.model.spec import Experiment
+from lbtestbed.model.experiment import Experiment
 
 NO_MESSAGES: tuple[Message, ...] = ()
 
@@ -65,6 +65,8 @@ class DispatcherSide:
         self.rng = rng
         self.index = index  # which dispatcher this is, when several run side by side
         self.live = Liveness(range(self.n))  # which nodes are up (only faults take any down)
+        #: messages of nodes it dropped as outdated (duplicates, or overtaken by a later one)
+        self.stale_tokens = 0
 
     def dispatch(self) -> Route | Probe:
         """Choose a node for a new task, or ask for probes first."""
@@ -91,6 +93,11 @@ class DispatcherSide:
     def gauges(self) -> dict[str, float]:
         """Policy state worth exporting (token counts, thresholds)."""
         return {}
+
+    def learned_value(self) -> float:
+        """The current value of what this side learns (its policy's ``unit.Learned``; SLTA's r): only the
+        sides of a policy that declares one define it."""
+        raise NotImplementedError(f"{self.name} learns nothing")
 
     # ------------------------------------------------------------------ faults (docs/faults.md)
     # The networked dispatcher tracks node health; the simulator never calls these. A node's *report* is

@@ -11,17 +11,52 @@ mean field counts as ties (speed ratio exactly 2 at equal q ratio) stay ties.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any
 
-from lbtestbed.model.spec import Experiment
+from lbtestbed.model.experiment import Experiment, NodeClass, PolicyParams
+from lbtestbed.model.reader import TableReader, show
 from lbtestbed.policies.base import DispatcherSide, Liveness, Message, Probe, Route, sample_distinct
+from lbtestbed.policies.unit import SENDS, MessageCost, Policy
+
+#: short citation of the schemes' paper (docs/theory.md, "Sources")
+PS_PAPER = "Mukhopadhyay et al. 2015 (arXiv 1502.05786)"
+
+
+@dataclass(frozen=True)
+class SchemeParams(PolicyParams):
+    """``d``: the probes per class d_j (one number for every class, or an array of one per class)."""
+
+    d: tuple[int, ...] = ()
+
+    KEYS = ("d",)
+
+    @classmethod
+    def read(cls, r: TableReader, common: Mapping[str, Any], classes: Sequence[NodeClass]) -> SchemeParams:
+        raw = r.get("d", [2] * len(classes))
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            raw = [raw] * len(classes)
+        if not isinstance(raw, list) or len(raw) != len(classes):
+            raise r.fail("d", f"must be an array with one probe count per class ({len(classes)} classes)")
+        for i, (dj, c) in enumerate(zip(raw, classes, strict=True)):
+            if isinstance(dj, bool) or not isinstance(dj, int) or dj < 1:
+                raise r.fail(f"d[{i}]", f"must be a positive integer, got {show(dj)}")
+            if dj > c.count:
+                raise r.fail(
+                    f"d[{i}]", f"samples {dj} distinct nodes but class {c.name!r} has only {c.count}"
+                )
+        return cls(**common, d=tuple(raw))
+
+    def message_kinds(self) -> tuple[str, ...]:
+        return ("probe", "probe_reply")
 
 
 class _SchemeDispatcher(DispatcherSide):
     def __init__(self, exp: Experiment, rng: random.Random, index: int = 0) -> None:
         super().__init__(exp, rng, index)
-        assert isinstance(exp.policy.d, tuple)
+        assert isinstance(exp.policy, SchemeParams)
         self.d = exp.policy.d
         self.members = [[k for k in range(self.n) if exp.node_class[k] == i] for i in range(len(exp.classes))]
         self.node_class = exp.node_class
@@ -113,3 +148,28 @@ class Scheme2Dispatcher(_SchemeDispatcher):
         if qa == 0:
             return True
         return self.speed[na] * qb > self.speed[nb] * qa
+
+
+class _Scheme(Policy):
+    params = SchemeParams
+    kinds = ("probe", "probe_reply")
+
+    def messages(self, exp: Experiment) -> MessageCost:
+        assert isinstance(exp.policy, SchemeParams)
+        d = sum(exp.policy.d)
+        return MessageCost(2.0 * d, f"2 sum(d_j) = {2 * d}", f"{PS_PAPER} §2; {SENDS}", probes=float(d))
+
+
+class Scheme1(_Scheme):
+    name = "scheme1"
+    summary = "probe d_j nodes of every class, join the least occupied kept (Mukhopadhyay et al. 2015)"
+    dispatcher = Scheme1Dispatcher
+
+
+class Scheme2(_Scheme):
+    name = "scheme2"
+    summary = "probe d_j nodes of every class, join the highest rate per task (Mukhopadhyay et al. 2015)"
+    dispatcher = Scheme2Dispatcher
+
+
+POLICIES = (Scheme1(), Scheme2())

@@ -22,12 +22,43 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
-from lbtestbed.model.spec import Experiment
+from lbtestbed.model.experiment import Experiment, NodeClass, PolicyParams
+from lbtestbed.model.reader import TableReader
 from lbtestbed.policies.base import NO_MESSAGES, DispatcherSide, Message, NodeSide, Route, sample_distinct
+from lbtestbed.policies.jsq import TIE_BREAKS
 from lbtestbed.policies.structures import SpeedBuckets, TokenSet
+from lbtestbed.policies.unit import SENDS, MessageCost, Policy, theory_doc
+
+
+@dataclass(frozen=True)
+class JIQParams(PolicyParams):
+    """Which token a dispatcher uses (``tie_break``), and JIQ-SQ(d)'s d (1: JIQ-Random)."""
+
+    name: str = "jiq"
+    tie_break: str = "random"
+    d: int = 1
+
+    KEYS = ("tie_break", "d")
+
+    @classmethod
+    def read(cls, r: TableReader, common: Mapping[str, Any], classes: Sequence[NodeClass]) -> JIQParams:
+        d = r.integer("d", default=1, minimum=1)
+        dispatchers = common["dispatchers"]
+        if d > dispatchers:
+            raise r.fail(
+                "d",
+                f"JIQ-SQ(d): an idle node probes {d} distinct dispatchers but the spec runs {dispatchers} "
+                "(policy.dispatchers)",
+            )
+        return cls(**common, tie_break=r.string("tie_break", default="random", choices=TIE_BREAKS), d=d)
+
+    def message_kinds(self) -> tuple[str, ...]:
+        # JIQ-SQ(d) probes the dispatchers first
+        return ("idle_token", "token_probe", "token_count") if self.d != 1 else ("idle_token",)
 
 
 def _seq(v: Any) -> int:
@@ -41,6 +72,7 @@ class JIQDispatcher(DispatcherSide):
 
     def __init__(self, exp: Experiment, rng: random.Random, index: int = 0, dispatchers: int = 1) -> None:
         super().__init__(exp, rng, index)
+        assert isinstance(exp.policy, JIQParams)
         self.tie_break = exp.policy.tie_break
         self.speeds = exp.node_speeds
         self.tokens = TokenSet()
@@ -176,8 +208,8 @@ class IdleTokenSender(NodeSide):
         # the dispatcher that starts with this node's token (JIQDispatcher.__init__); -1 after an arrival
         # and while a JIQ-SQ(d) round is out
         self.token_to = node % dispatchers if dispatchers > 1 else 0
-        d = exp.policy.d
-        self.d = d if isinstance(d, int) else 1
+        assert isinstance(exp.policy, JIQParams)
+        self.d = exp.policy.d
         self.asked: tuple[int, ...] = ()  # the dispatchers of the round out, in random order
         self.counts: dict[int, int] = {}  # their answers so far
         self.round = -1  # the arrivals count the round is for: void once another task arrives
@@ -217,3 +249,48 @@ class IdleTokenSender(NodeSide):
 
     def report(self, x: int) -> tuple[int, ...]:
         return (x, self.arrivals, self.token_to)
+
+
+class JIQ(Policy):
+    name = "jiq"
+    summary = "join the idle queue: idle nodes send tokens, JIQ-Random or JIQ-SQ(d) (Lu et al. 2011)"
+    params = JIQParams
+    dispatcher = JIQDispatcher
+    node = IdleTokenSender
+    kinds = ("idle_token", "token_probe", "token_count")
+    node_bound = ("token_count",)
+    message_id: ClassVar[Mapping[str, tuple[int, ...]]] = {"token_count": (0,)}  # the round it answers
+    picture = "idle_tokens"
+    picture_split = True
+
+    def messages(self, exp: Experiment) -> MessageCost:
+        assert isinstance(exp.policy, JIQParams)
+        k, d = exp.policy.dispatchers, exp.policy.d
+        per_token = 1.0 + (2 * d if d > 1 else 0)  # at most one token a task, after 2d probes and answers
+        # without an emulated delay, JIQ-Random sends a token of its own only to another dispatcher than the
+        # task's, JIQ-SQ(d) its probes and answers (the token rides on the reply to the answer it follows)
+        riding = (k - 1) / k if d == 1 else 2.0 * d
+        own = per_token if exp.network.delay is not None else riding
+        if k > 1:
+            return MessageCost(
+                None,
+                "tokens per task with several dispatchers: Lu et al.'s limit gives them for equal speeds "
+                f"({theory_doc('Several dispatchers')})",
+                SENDS,
+                own=own,
+            )
+        return MessageCost(
+            1.0,
+            "1 - P(wait) idle tokens per task, -> 1 as n grows at load < 1",
+            SENDS,
+            ("large n", "load < 1", "one dispatcher"),
+            own=own,
+        )
+
+    def make_dispatcher(
+        self, exp: Experiment, rng: random.Random, index: int = 0, dispatchers: int = 1
+    ) -> DispatcherSide:
+        return JIQDispatcher(exp, rng, index, dispatchers)
+
+
+POLICIES = (JIQ(),)

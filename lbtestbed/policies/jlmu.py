@@ -11,12 +11,48 @@ and reordered reports harmless (``jsq.py``: the dispatcher's picture is JSQ's, o
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
-from lbtestbed.model.spec import Experiment
+from lbtestbed.model.experiment import Experiment, NodeClass
+from lbtestbed.model.reader import TableReader
 from lbtestbed.policies.base import Route
-from lbtestbed.policies.jsq import CountingDispatcher
+from lbtestbed.policies.jsq import CountingDispatcher, CountingParams, DepartureNotifier, notice_cost
 from lbtestbed.policies.ranking import Ranking
 from lbtestbed.policies.structures import LevelIndex
+from lbtestbed.policies.unit import MessageCost, Policy
+
+#: the order of the slot ranking's ties (docs/theory.md, "Slots and their ranking"): class, then level, or
+#: level, then class
+RANK_ORDERS = ("ij", "ji")
+
+
+@dataclass(frozen=True)
+class UtilityParams(CountingParams):
+    """What the utility-maximizing policies (JLMU, SLTA) share: pools with utilities, ranked slots."""
+
+    rank_order: str = "ij"
+
+    def check(self, exp: Experiment, top: TableReader) -> None:
+        for i, c in enumerate(exp.classes):
+            if c.discipline != "pool":
+                raise top.fail(
+                    f"classes[{i}].discipline", f"{self.name} needs pool nodes, got {c.discipline!r}"
+                )
+            if c.utility is None:
+                raise top.fail(f"classes[{i}].utility", f"{self.name} needs a utility for every pool class")
+
+
+@dataclass(frozen=True)
+class JLMUParams(UtilityParams):
+    name: str = "jlmu"
+
+    KEYS = ("rank_order", "view")
+
+    @classmethod
+    def read(cls, r: TableReader, common: Mapping[str, Any], classes: Sequence[NodeClass]) -> JLMUParams:
+        return cls(**common, rank_order=r.string("rank_order", default="ij", choices=RANK_ORDERS))
 
 
 def ranking_of(exp: Experiment) -> Ranking:
@@ -26,6 +62,7 @@ def ranking_of(exp: Experiment) -> Ranking:
         if c.utility is None:
             raise ValueError(f"class {c.name!r} has no utility")
         utilities.append(c.utility)
+    assert isinstance(exp.policy, UtilityParams)
     return Ranking(utilities, exp.policy.rank_order)
 
 
@@ -66,3 +103,24 @@ class JLMUDispatcher(CountingDispatcher):
             f"min_occupancy_{self.exp.classes[i].name}": float(lv.min_level)
             for i, lv in enumerate(self.classes)
         }
+
+
+class JLMU(Policy):
+    name = "jlmu"
+    summary = (
+        "join the largest marginal utility, on counts kept by departure notices (Goldsztajn et al. 2021)"
+    )
+    params = JLMUParams
+    dispatcher = JLMUDispatcher
+    node = DepartureNotifier
+    kinds = ("departure", "arrival")
+    message_id: ClassVar[Mapping[str, tuple[int, ...]]] = {
+        "departure": (0, 1, 3),
+        "arrival": (0, 1, 3),
+    }  # (arrived, departed), a full view's event
+
+    def messages(self, exp: Experiment) -> MessageCost:
+        return notice_cost(exp)
+
+
+POLICIES = (JLMU(),)

@@ -27,12 +27,56 @@ by s) on top of its own ``sent - acked``. With exact delivery every picture is t
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
-from lbtestbed.model.spec import Experiment
+from lbtestbed.model.experiment import Experiment, NodeClass, PolicyParams
+from lbtestbed.model.reader import TableReader
 from lbtestbed.policies.base import NO_MESSAGES, DispatcherSide, Message, NodeSide, Route
 from lbtestbed.policies.structures import LevelIndex
+from lbtestbed.policies.unit import MessageCost, Policy
+
+#: JSQ's tie-breaking rules among the nodes with the fewest tasks (module docstring)
+TIE_BREAKS = ("random", "fastest", "slowest", "longest_idle", "fastest_idle")
+
+
+@dataclass(frozen=True)
+class CountingParams(PolicyParams):
+    """What the policies whose nodes report every departure share (JSQ, JLMU, SLTA): with several
+    dispatchers, a ``view`` of their own tasks or (``full``) of every task."""
+
+    def full_view(self) -> bool:
+        return self.view == "full" and self.dispatchers > 1
+
+    def message_kinds(self) -> tuple[str, ...]:
+        # arrival notices only tell the other dispatchers
+        return ("departure", "arrival") if self.full_view() else ("departure",)
+
+
+def notice_cost(exp: Experiment) -> MessageCost:
+    """The notices of a node that reports every departure (and, in a full view, every arrival)."""
+    k = exp.policy.dispatchers
+    delayed = exp.network.delay is not None
+    if exp.policy.view == "full" and k > 1:
+        # K - 1 arrival and K departure notices; without an emulated delay the origin's departure rides
+        own = 2.0 * k - 1 if delayed else 2.0 * (k - 1)
+        return MessageCost(
+            2.0 * k - 1, f"2K - 1 = {2 * k - 1}: K - 1 arrival and K departure notices", own=own
+        )
+    return MessageCost(1.0, "one departure notice per task", own=1.0 if delayed else 0.0)
+
+
+@dataclass(frozen=True)
+class JSQParams(CountingParams):
+    name: str = "jsq"
+    tie_break: str = "random"
+
+    KEYS = ("tie_break", "view")
+
+    @classmethod
+    def read(cls, r: TableReader, common: Mapping[str, Any], classes: Sequence[NodeClass]) -> JSQParams:
+        return cls(**common, tie_break=r.string("tie_break", default="random", choices=TIE_BREAKS))
 
 
 def departure_counts(data: Sequence[Any], what: str = "a departure") -> tuple[int, int]:
@@ -63,7 +107,8 @@ class CountingDispatcher(DispatcherSide):
         super().__init__(exp, rng, index)
         self.sent = [0] * self.n  # tasks routed to each node, less those that failed
         self.acked = [0] * self.n  # departures the node reported: the largest D seen
-        self.full = exp.policy.view == "full" and exp.policy.dispatchers > 1
+        assert isinstance(exp.policy, CountingParams)
+        self.full = exp.policy.full_view()
         self.others = [0] * self.n  # full view: the other dispatchers' tasks at each node
         self.events = [-1] * self.n  # full view: the event number those counts are from
 
@@ -151,6 +196,7 @@ class JSQDispatcher(CountingDispatcher):
 
     def __init__(self, exp: Experiment, rng: random.Random, index: int = 0) -> None:
         super().__init__(exp, rng, index)
+        assert isinstance(exp.policy, JSQParams)
         self.tie_break = tb = exp.policy.tie_break
         by_speed = {"fastest": 1, "fastest_idle": 1, "slowest": -1}.get(tb, 0)
         self.levels = LevelIndex(
@@ -216,3 +262,25 @@ class DepartureNotifier(NodeSide):
             out += (a, d)
         out.append(self.events)
         return tuple(out)
+
+
+class JSQ(Policy):
+    name = "jsq"
+    summary = (
+        "join the shortest queue on counts kept by departure notices, with the heterogeneous-JSQ tie rules"
+    )
+    params = JSQParams
+    dispatcher = JSQDispatcher
+    node = DepartureNotifier
+    kinds = ("departure", "arrival")
+    message_id: ClassVar[Mapping[str, tuple[int, ...]]] = {
+        "departure": (0, 1, 3),
+        "arrival": (0, 1, 3),
+    }  # (arrived, departed), a full view's event
+    picture = "idle_nodes"
+
+    def messages(self, exp: Experiment) -> MessageCost:
+        return notice_cost(exp)
+
+
+POLICIES = (JSQ(),)

@@ -19,13 +19,35 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from lbtestbed.model.spec import Experiment
+from lbtestbed.model.experiment import Experiment, NodeClass, PolicyParams
+from lbtestbed.model.reader import TableReader
 from lbtestbed.policies.base import DispatcherSide, Message, Route, sample_distinct
+from lbtestbed.policies.unit import Policy
 
 #: Finagle's ``Penalty``, Long.MaxValue >> 16 nanoseconds, in (model) seconds
 PENALTY = ((2**63 - 1) >> 16) * 1e-9
 NANOSECOND = 1e-9
+
+
+@dataclass(frozen=True)
+class PeakEwmaParams(PolicyParams):
+    """Model seconds: the estimate's time constant, and tower's (Linkerd's) starting estimate of a node
+    never observed (None: Finagle's, 0 with a penalty while it has requests)."""
+
+    name: str = "peak_ewma"
+    decay_time: float = 10.0
+    default_rtt: float | None = None
+
+    KEYS = ("decay_time", "default_rtt")
+
+    @classmethod
+    def read(cls, r: TableReader, common: Mapping[str, Any], classes: Sequence[NodeClass]) -> PeakEwmaParams:
+        default_rtt = r.number("default_rtt") if r.has("default_rtt") else None
+        return cls(**common, decay_time=r.number("decay_time", 10.0), default_rtt=default_rtt)
 
 
 class PeakEwmaDispatcher(DispatcherSide):
@@ -37,6 +59,7 @@ class PeakEwmaDispatcher(DispatcherSide):
     def __init__(self, exp: Experiment, rng: random.Random, index: int = 0) -> None:
         super().__init__(exp, rng, index)
         pol = exp.policy
+        assert isinstance(pol, PeakEwmaParams)
         self.tau = pol.decay_time
         self.penalize = pol.default_rtt is None  # Finagle's rule for a node never observed
         self.estimate = [pol.default_rtt or 0.0] * self.n  # Finagle's ``cost``, tower's ``rtt_ns``
@@ -82,3 +105,13 @@ class PeakEwmaDispatcher(DispatcherSide):
 
     def gauges(self) -> dict[str, float]:
         return {"tasks_in_flight": float(sum(self.pending))}
+
+
+class PeakEwma(Policy):
+    name = "peak_ewma"
+    summary = "P2C on Peak-EWMA latency estimates times tasks in flight (Finagle, Linkerd)"
+    params = PeakEwmaParams
+    dispatcher = PeakEwmaDispatcher
+
+
+POLICIES = (PeakEwma(),)

@@ -40,10 +40,77 @@ import math
 import random
 import statistics
 from collections import deque
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
-from lbtestbed.model.spec import Experiment, PrequalParams
+from lbtestbed.model.experiment import MAX_NODES, Experiment, NodeClass, PolicyParams
+from lbtestbed.model.reader import TableReader
 from lbtestbed.policies.base import NO_MESSAGES, DispatcherSide, Message, NodeSide, Route, sample_distinct
+from lbtestbed.policies.unit import SENDS, MessageCost, Policy
+
+
+@dataclass(frozen=True)
+class PrequalParams(PolicyParams):
+    """Prequal's parameters, named as Wydrowski et al. 2024 (arXiv 2312.10172) name them (docs/spec.md,
+    "`prequal`"): probes per query, probes removed per query, the pool's size m, its age limit (model
+    seconds), delta and the reuse budget of Eq. 1 (None: derived), the RIF quantile and over how many recent
+    replies it is taken, and how many recent latencies a node keeps for its estimate."""
+
+    name: str = "prequal"
+    r_probe: float = 3.0
+    r_remove: float = 1.0
+    pool_size: int = 16
+    max_age: float = 1.0
+    delta: float = 1.0
+    b_reuse: float | None = None
+    q_rif: float = 2**-0.25
+    rif_history: int = 16
+    latency_window: int = 16
+
+    KEYS = (
+        "r_probe",
+        "r_remove",
+        "pool_size",
+        "max_age",
+        "delta",
+        "b_reuse",
+        "q_rif",
+        "rif_history",
+        "latency_window",
+    )
+
+    @classmethod
+    def read(cls, r: TableReader, common: Mapping[str, Any], classes: Sequence[NodeClass]) -> PrequalParams:
+        """Each key with the paper's default (docs/spec.md, "`prequal`")."""
+        n = sum(c.count for c in classes)
+        dflt = cls()
+        r_probe = r.number("r_probe", default=dflt.r_probe)
+        if r_probe > n:
+            raise r.fail("r_probe", f"probes {r_probe:g} distinct nodes per query but the spec has only {n}")
+        q_rif = r.number("q_rif", default=dflt.q_rif, positive=False)
+        if q_rif > 1:
+            raise r.fail("q_rif", f"is a quantile: from 0 to 1, got {q_rif:g}")
+        b_reuse = r.number("b_reuse") if r.has("b_reuse") else None
+        if b_reuse is not None and b_reuse < 1:
+            raise r.fail("b_reuse", f"a probe serves at least one query: must be at least 1, got {b_reuse:g}")
+        return cls(
+            **common,
+            r_probe=r_probe,
+            r_remove=r.number("r_remove", default=dflt.r_remove, positive=False),
+            pool_size=r.integer("pool_size", default=dflt.pool_size, minimum=1, maximum=MAX_NODES),
+            max_age=r.number("max_age", default=dflt.max_age),
+            delta=r.number("delta", default=dflt.delta, positive=False),
+            b_reuse=b_reuse,
+            q_rif=q_rif,
+            rif_history=r.integer("rif_history", default=dflt.rif_history, minimum=1, maximum=100_000),
+            latency_window=r.integer(
+                "latency_window", default=dflt.latency_window, minimum=1, maximum=100_000
+            ),
+        )
+
+    def message_kinds(self) -> tuple[str, ...]:
+        return ("prequal_probe", "prequal_reply")
 
 
 def reuse_budget(params: PrequalParams, n: int) -> float:
@@ -98,8 +165,8 @@ class PrequalDispatcher(DispatcherSide):
 
     def __init__(self, exp: Experiment, rng: random.Random, index: int = 0) -> None:
         super().__init__(exp, rng, index)
-        params = exp.policy.prequal
-        assert params is not None
+        params = exp.policy
+        assert isinstance(params, PrequalParams)
         self.params = params
         self.b_reuse = reuse_budget(params, self.n)
         self.pool: dict[int, _Probe] = {}  # by node, oldest reply first
@@ -236,8 +303,8 @@ class PrequalNode(NodeSide):
 
     def __init__(self, exp: Experiment, node: int, rng: random.Random, dispatchers: int = 1) -> None:
         super().__init__(exp, node, rng, dispatchers)
-        params = exp.policy.prequal
-        assert params is not None
+        params = exp.policy
+        assert isinstance(params, PrequalParams)
         self.window = params.latency_window
         self.recent: dict[int, deque[float]] = {}  # per count found on arrival: the last latencies
 
@@ -264,3 +331,29 @@ class PrequalNode(NodeSide):
         if len(msg.data) != 1 or type(msg.data[0]) is not int or msg.data[0] < 0:
             raise ValueError(f"a prequal probe is (number,) with an integer >= 0, got {msg.data!r}")
         return (Message("prequal_reply", self.node, (msg.data[0], x, self.estimate(x)), msg.dispatcher),)
+
+
+class Prequal(Policy):
+    name = "prequal"
+    summary = "asynchronous probes, a probe pool and hot-cold lexicographic selection (Wydrowski et al. 2024)"
+    params = PrequalParams
+    dispatcher = PrequalDispatcher
+    node = PrequalNode
+    kinds = ("prequal_probe", "prequal_reply")
+    node_bound = ("prequal_probe",)
+    message_id: ClassVar[Mapping[str, tuple[int, ...]]] = {
+        "prequal_probe": (0,),
+        "prequal_reply": (0,),
+    }  # the dispatcher's probe number
+
+    def messages(self, exp: Experiment) -> MessageCost:
+        assert isinstance(exp.policy, PrequalParams)
+        r = exp.policy.r_probe
+        # each probe is a request of its own; its reply rides on the answer unless delays are emulated
+        own = 2.0 * r if exp.network.delay is not None else r
+        return MessageCost(
+            2.0 * r, f"2 r_probe = {2 * r:g}: r_probe probes and their replies", SENDS, own=own
+        )
+
+
+POLICIES = (Prequal(),)

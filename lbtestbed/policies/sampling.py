@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
-from lbtestbed.model.spec import Experiment
+from lbtestbed.model.experiment import Experiment, NodeClass, PolicyParams
+from lbtestbed.model.reader import TableReader
 from lbtestbed.policies.base import (
     DispatcherSide,
     Message,
@@ -21,6 +23,86 @@ from lbtestbed.policies.base import (
     sample_with_replacement,
 )
 from lbtestbed.policies.edf import EdfScheduler
+from lbtestbed.policies.jsq import TIE_BREAKS as JSQ_TIE_BREAKS
+from lbtestbed.policies.unit import SENDS, MessageCost, Policy
+
+#: how power_of_d breaks ties among the sampled nodes holding the fewest tasks
+TIE_BREAKS = ("random", "fastest", "slowest")
+#: least_request's node weights (docs/spec.md, "least_request"): all equal, each node's speed, each class's
+WEIGHTS = ("equal", "speed", "class")
+
+
+def _read_d(r: TableReader, classes: Sequence[NodeClass]) -> tuple[int, bool]:
+    """d (default 2) and whether the sample is drawn with replacement; d distinct nodes must exist."""
+    d = r.integer("d", default=2, minimum=1)
+    replace = r.boolean("replace", False)
+    n = sum(c.count for c in classes)
+    if d > n and not replace:
+        raise r.fail("d", f"samples {d} distinct nodes but the spec has only {n}")
+    return d, replace
+
+
+@dataclass(frozen=True)
+class PowerOfDParams(PolicyParams):
+    name: str = "power_of_d"
+    d: int = 2
+    replace: bool = False
+    tie_break: str = "random"
+
+    KEYS = ("d", "replace", "tie_break")
+
+    @classmethod
+    def read(cls, r: TableReader, common: Mapping[str, Any], classes: Sequence[NodeClass]) -> PowerOfDParams:
+        d, replace = _read_d(r, classes)
+        tie_break = r.string("tie_break", default="random", choices=JSQ_TIE_BREAKS)
+        if tie_break not in TIE_BREAKS:
+            raise r.fail("tie_break", "power_of_d breaks ties among sampled nodes by random, fastest or slowest")
+        return cls(**common, d=d, replace=replace, tie_break=tie_break)
+
+    def message_kinds(self) -> tuple[str, ...]:
+        return ("probe", "probe_reply")
+
+
+@dataclass(frozen=True)
+class LeastRequestParams(PolicyParams):
+    """Envoy's LEAST_REQUEST: ``d`` is its choice_count; the nodes' ``weights`` (WEIGHTS) and the exponent
+    of the active requests in weight / (active + 1)^active_request_bias when the weights differ."""
+
+    name: str = "least_request"
+    d: int = 2
+    replace: bool = False
+    active_request_bias: float = 1.0
+    weights: str = "equal"
+
+    KEYS = ("d", "replace", "active_request_bias", "weights")
+
+    @classmethod
+    def read(
+        cls, r: TableReader, common: Mapping[str, Any], classes: Sequence[NodeClass]
+    ) -> LeastRequestParams:
+        d, replace = _read_d(r, classes)
+        weights = r.string("weights", default="equal", choices=WEIGHTS)
+        for i, c in enumerate(classes):
+            if c.weight is None and weights == "class":
+                raise r.fail(
+                    "weights", f'"class" takes each class\'s weight, and classes[{i}] ({c.name!r}) has none'
+                )
+        bias = r.number("active_request_bias", 1.0, positive=False)
+        return cls(**common, d=d, replace=replace, active_request_bias=bias, weights=weights)
+
+    def reads_class_weights(self) -> bool:
+        return self.weights == "class"
+
+
+def node_weights(exp: Experiment) -> tuple[float, ...]:
+    """least_request's weight of every node (Envoy's load_balancing_weight, ``policy.weights``): its speed,
+    its class's weight, or 1 (1 for every node under any other policy)."""
+    weights = exp.policy.weights if isinstance(exp.policy, LeastRequestParams) else "equal"
+    if weights == "speed":
+        return exp.node_speeds
+    if weights == "class":
+        return tuple(float(exp.classes[c].weight or 0.0) for c in exp.node_class)
+    return (1.0,) * exp.n
 
 
 class InstantProbe(NamedTuple):
@@ -35,9 +117,10 @@ class InstantProbe(NamedTuple):
 class _Sampler(DispatcherSide):
     def __init__(self, exp: Experiment, rng: random.Random, index: int = 0) -> None:
         super().__init__(exp, rng, index)
-        assert isinstance(exp.policy.d, int)
-        self.d = exp.policy.d
-        self._sample = sample_with_replacement if exp.policy.replace else sample_distinct
+        params = exp.policy
+        assert isinstance(params, PowerOfDParams | LeastRequestParams)
+        self.d = params.d
+        self._sample = sample_with_replacement if params.replace else sample_distinct
 
     def _sample_up(self) -> tuple[int, ...]:
         """d nodes that are up; while all are, exactly the draws and nodes of a sample over all n."""
@@ -65,6 +148,7 @@ class PowerOfDDispatcher(_Sampler):
 
     def __init__(self, exp: Experiment, rng: random.Random, index: int = 0) -> None:
         super().__init__(exp, rng, index)
+        assert isinstance(exp.policy, PowerOfDParams)
         self.tie_break = exp.policy.tie_break
         self.speeds = exp.node_speeds
 
@@ -139,7 +223,8 @@ class LeastRequestDispatcher(_Sampler):
     def __init__(self, exp: Experiment, rng: random.Random, index: int = 0) -> None:
         super().__init__(exp, rng, index)
         self.in_flight = [0] * self.n
-        self.weights = exp.node_weights
+        self.weights = node_weights(exp)
+        assert isinstance(exp.policy, LeastRequestParams)
         self.bias = exp.policy.active_request_bias
         self.edf: EdfScheduler | None = None
         self.seed = 0
@@ -199,3 +284,27 @@ class LeastRequestDispatcher(_Sampler):
 
     def gauges(self) -> dict[str, float]:
         return {"tasks_in_flight": float(sum(self.in_flight))}
+
+
+class PowerOfD(Policy):
+    name = "power_of_d"
+    aliases = ("jsq_d",)
+    summary = "JSQ(d): probe d nodes, join the least occupied (Mitzenmacher 2001; the supermarket model)"
+    params = PowerOfDParams
+    dispatcher = PowerOfDDispatcher
+    kinds = ("probe", "probe_reply")
+
+    def messages(self, exp: Experiment) -> MessageCost:
+        assert isinstance(exp.policy, PowerOfDParams)
+        d = exp.policy.d
+        return MessageCost(2.0 * d, f"2d = {2 * d}: d probes and d replies", SENDS, probes=float(d))
+
+
+class LeastRequest(Policy):
+    name = "least_request"
+    summary = "Envoy's LEAST_REQUEST: P2C (or EDF by weight) over the dispatcher's own tasks in flight"
+    params = LeastRequestParams
+    dispatcher = LeastRequestDispatcher
+
+
+POLICIES = (PowerOfD(), LeastRequest())

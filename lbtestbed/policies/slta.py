@@ -72,20 +72,65 @@ another dispatcher started.
 from __future__ import annotations
 
 import random
-from collections.abc import Collection, Sequence
-from typing import Any
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
-from lbtestbed.model.spec import Experiment
+from lbtestbed.model.experiment import Experiment, NodeClass
+from lbtestbed.model.reader import TableReader
 from lbtestbed.policies.base import NO_MESSAGES, DispatcherSide, Message, NodeSide, Route
-from lbtestbed.policies.jlmu import ranking_of
+from lbtestbed.policies.jlmu import RANK_ORDERS, UtilityParams, ranking_of
 from lbtestbed.policies.ranking import Ranking
 from lbtestbed.policies.structures import TokenSet
+from lbtestbed.policies.unit import Learned, MessageCost, Policy, theory_doc
 
 Bits = tuple[bool, bool]
 
 #: largest index a pool accepts from a dispatcher (r* is in the tens for the papers' settings; the ranking
 #: is built up to r, so an absurd r would stall the node)
 MAX_R = 100_000
+
+
+@dataclass(frozen=True)
+class SLTAParams(UtilityParams):
+    """SLTA's learning threshold beta_n (``beta``, or ``beta_scale`` c in beta_n = c n^(-1/4))."""
+
+    name: str = "slta"
+    beta: float = 0.0
+
+    KEYS = ("beta", "beta_scale", "rank_order", "view")
+
+    @classmethod
+    def read(cls, r: TableReader, common: Mapping[str, Any], classes: Sequence[NodeClass]) -> SLTAParams:
+        n = sum(c.count for c in classes)
+        if r.has("beta") == r.has("beta_scale"):
+            raise r.fail(
+                "beta",
+                "give exactly one of beta (the learning threshold beta_n) or beta_scale "
+                "(c in beta_n = c n^(-1/4))",
+            )
+        beta = r.number("beta") if r.has("beta") else r.number("beta_scale") * n**-0.25
+        if n * beta < 2:
+            raise r.fail(
+                "beta" if r.has("beta") else "beta_scale",
+                f"n * beta_n = {n * beta:.3g} < 2 breaks SLTA's yellow-token invariant "
+                f'(docs/theory.md, "SLTA\'s learning rule and the bound on beta"); use beta >= {2 / n:.3g}',
+            )
+        rank_order = r.string("rank_order", default="ij", choices=RANK_ORDERS)
+        return cls(**common, beta=beta, rank_order=rank_order)
+
+    def message_kinds(self) -> tuple[str, ...]:
+        return ("token_departure", "token_arrival", "token_epoch", "epoch")
+
+    def table(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "dispatchers": self.dispatchers,
+            "split": self.split,
+            "view": self.view,
+            "beta": self.beta,
+            "rank_order": self.rank_order,
+        }
 
 
 class Thresholds:
@@ -113,7 +158,7 @@ class SLTADispatcher(DispatcherSide):
 
     def __init__(self, exp: Experiment, rng: random.Random, index: int = 0) -> None:
         super().__init__(exp, rng, index)
-        assert exp.policy.beta is not None
+        assert isinstance(exp.policy, SLTAParams)
         self.beta: float = exp.policy.beta
         self.th = Thresholds(ranking_of(exp))
         self.ranking = self.th.ranking
@@ -324,6 +369,9 @@ class SLTADispatcher(DispatcherSide):
         self.unsettled.add(node)
         return (self._epoch_message(node, bits),)
 
+    def learned_value(self) -> int:
+        return self.r
+
     def gauges(self) -> dict[str, float]:
         out = {
             "slta_r": float(self.r),
@@ -427,3 +475,54 @@ class SLTANode(NodeSide):
         # answered, and a class whose reach grew needs the counts at its new top; in a full view every
         # dispatcher hears the answer, and with it the new epoch and r
         return self._tokens("token_epoch", x, msg.dispatcher)
+
+
+#: SLTA's message count: no closed form (docs/theory.md)
+SLTA_MESSAGES = theory_doc("SLTA's messages")
+
+
+class SLTA(Policy):
+    name = "slta"
+    summary = (
+        "the self-learning threshold assignment: JLMU by green and yellow tokens (Goldsztajn et al. 2021)"
+    )
+    params = SLTAParams
+    dispatcher = SLTADispatcher
+    node = SLTANode
+    kinds = ("token_departure", "token_arrival", "token_epoch", "epoch")
+    node_bound = ("epoch",)
+    # a token's pool event number, and the epoch an answer is for
+    message_id: ClassVar[Mapping[str, tuple[int, ...]]] = {
+        "token_departure": (2,),
+        "token_arrival": (2,),
+        "token_epoch": (0, 2),
+        "epoch": (0,),
+    }
+    learned = Learned("slta_r", "SLTA's learned index r")
+    resends = ("epoch",)
+
+    def messages(self, exp: Experiment) -> MessageCost:
+        k = exp.policy.dispatchers
+        full = exp.policy.view == "full" and k > 1
+        epochs = 0.1 * k  # a few EPOCHs per hundred tasks, counted as a tenth
+        if exp.network.delay is not None:
+            own = (2.0 * k - 1 if full else 1.0) + epochs
+        else:
+            own = (2.0 * (k - 1) if full else 0.0) + epochs  # the origin's token rides
+        return MessageCost(
+            None,
+            "SLTA has no closed form: about one token per task at q* plus corrections and epoch messages; "
+            "the exact-CTMC reference run for this project gives 1.02-1.14 for n = 50..800 "
+            f"({SLTA_MESSAGES})",
+            SLTA_MESSAGES,
+            own=own,
+        )
+
+    def make_node_sides(
+        self, exp: Experiment, rng: random.Random, nodes: Sequence[int], dispatchers: int, replication: int
+    ) -> list[NodeSide]:
+        th = Thresholds(ranking_of(exp))  # derived once, shared by every pool
+        return [SLTANode(exp, k, rng, dispatchers, th) for k in nodes]
+
+
+POLICIES = (SLTA(),)

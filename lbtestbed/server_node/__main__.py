@@ -4,10 +4,10 @@ from lbtestbed.server_node.app import build_app
 from lbtestbed.server_node.host import NodeHost
 from lbtestbed.transport.process import Budget, ConnectionGuard, process_args, raise_fd_limit, serve
 
-cluster, index, listen = process_args("server_node")
+cluster, exp, index, listen = process_args("server_node")
 me = cluster.node_hosts[index]
 host = NodeHost(
-    cluster.experiment(),
+    exp,
     me.nodes,
     [d.url for d in cluster.dispatchers],
     cluster.token,

@@ -25,10 +25,11 @@ from prometheus_client import CollectorRegistry, Histogram
 
 from lbtestbed.model.conditions import fail_windows, failing, speed_changes
 from lbtestbed.model.distributions import BlockSampler
-from lbtestbed.model.spec import Experiment, message_kinds, seed_sequence, seeded_random
+from lbtestbed.model.experiment import Experiment
+from lbtestbed.model.nodes import INF, NodeModel, make_node
+from lbtestbed.model.streams import seed_sequence, seeded_random
 from lbtestbed.model.workload import Task
-from lbtestbed.policies import DISPATCHER_BOUND, NODE_BOUND, Message, NodeSide, make_node_sides
-from lbtestbed.server_node.models import INF, NodeModel, make_node
+from lbtestbed.policies import Message, NodeSide, make_node_sides, policy_of
 from lbtestbed.transport import wire
 from lbtestbed.transport.http import Peers
 from lbtestbed.transport.message_faults import MessageFaults
@@ -64,7 +65,7 @@ class NodeHost:
             zip(self.ids, make_node_sides(exp, rng, self.ids, max(1, len(dispatchers))), strict=True)
         )
         self.models: dict[int, NodeModel] = {}
-        # node sides that learn from each task's latency (Prequal): how many tasks each task found on arrival
+        # node sides that learn from each task's latency (records_latency): the tasks each found on arrival
         self.records_latency = any(type(s).records_latency for s in self.sides.values())
         self.found: dict[int, int] = {}
         self.delay = None
@@ -83,7 +84,7 @@ class NodeHost:
         self.piggybacked: Counter[str] = Counter()  # of those sent, how many rode on a task's reply
         # every kind it sends starts at 0: the first failure is then an increase Prometheus sees
         self.send_failures: Counter[str] = Counter(
-            {k: 0 for k in message_kinds(exp.policy) if k in DISPATCHER_BOUND[exp.policy.name]}
+            {k: 0 for k in exp.policy.message_kinds() if k in policy_of(exp).dispatcher_bound}
         )
         self.received: Counter[str] = Counter()
         self.refused: Counter[int] = Counter()
@@ -371,7 +372,7 @@ class NodeHost:
         k = self._node(request)
         try:
             body = await wire.read_json(request)
-            msgs = wire.parse_messages(body, NODE_BOUND[self.exp.policy.name])
+            msgs = wire.parse_messages(body, policy_of(self.exp).node_bound)
         except wire.BadRequest as e:
             return wire.error(e.status, str(e), e.field)
         for i, m in enumerate(msgs):
@@ -379,7 +380,9 @@ class NodeHost:
                 return wire.error(400, f"message for node {m.node} posted to node {k}", f"messages[{i}].node")
         ride: list[Message] = []
         now = time.monotonic()
-        if self.records_latency:  # a Prequal probe reads the node's state now: departures due come first
+        if (
+            self.records_latency
+        ):  # a probe answered from the node's latencies reads its state now: departures due come first
             self._catch_up(k, max(self.now(), self.models[k].last))
         for i, m in enumerate(msgs):
             self.ages.observe(m, wire.sent_at(body["messages"][i]), now)

@@ -1,19 +1,26 @@
-"""The cluster file: every process of a cluster, its URL and role, the spec it runs and the shared token.
+"""The cluster file: every process of a cluster, its URL and role, the experiment it runs and the token.
 
 ``lbt cluster up`` writes it (mode 0600: it holds the token); each dispatcher and node process reads its
-own part of it at start, so command lines carry no secret. Containers get the file from a ConfigMap and
-the token from the environment (``LBT_TOKEN``).
+own part of it at start, so command lines carry no secret. The experiment is there whole, as the parent
+resolved it (overrides applied, the time scale picked: ``model.document``), so that every process runs
+that very experiment and none reads the spec file again. Containers get the file from a ConfigMap and the
+token from the environment (``LBT_TOKEN``).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from lbtestbed.model.spec import Experiment, load_spec
+from lbtestbed.model.document import document
+from lbtestbed.model.experiment import Experiment
+from lbtestbed.model.reader import SpecError
+from lbtestbed.spec import apply_overrides, parse_spec
 from lbtestbed.transport.wire import PREFIX
 
 LOOPBACK = "127.0.0.1"
@@ -45,8 +52,8 @@ def journal_of(e: Endpoint) -> Path | None:
 
 @dataclass
 class ClusterFile:
-    spec: str
-    overrides: list[str]
+    spec: str  # the spec file the experiment was read from (for messages: nothing reads it again)
+    experiment_document: dict[str, Any]  # the resolved experiment (model.document)
     token: str
     dispatchers: list[Endpoint]
     node_hosts: list[Endpoint]
@@ -86,9 +93,11 @@ class ClusterFile:
     def load(cls, path: Path) -> ClusterFile:
         try:
             data = json.loads(Path(path).read_text())
+            if not isinstance(data.get("experiment_document"), dict):
+                raise KeyError("experiment_document")
             return cls(
                 spec=data["spec"],
-                overrides=data.get("overrides", []),
+                experiment_document=data["experiment_document"],
                 # containers get the file from a ConfigMap and the token from a Secret
                 token=data.get("token") or os.environ.get("LBT_TOKEN", ""),
                 dispatchers=[Endpoint(**e) for e in data["dispatchers"]],
@@ -108,8 +117,29 @@ class ClusterFile:
         except (ValueError, KeyError, TypeError) as e:
             raise ClusterError(f"{path}: not a cluster file: {e}") from None
 
-    def experiment(self) -> Experiment:
-        return load_spec(self.spec, self.overrides)
+    @classmethod
+    def of(cls, exp: Experiment, **fields: Any) -> ClusterFile:
+        """A cluster file for the resolved experiment ``exp``."""
+        return cls(str(Path(exp.source).resolve()), document(exp), **fields)
+
+    def experiment(self, overrides: Sequence[str] = ()) -> Experiment:
+        """The experiment the cluster's processes run (with ``overrides`` applied on top: SpecError)."""
+        doc = apply_overrides(copy.deepcopy(self.experiment_document), overrides, self.spec)
+        return parse_spec(doc, self.spec)
+
+    def check(self) -> str | None:
+        """What makes the file unusable by the cluster's processes, or None: an experiment that does not
+        read back, or another number of dispatchers than the experiment runs."""
+        try:
+            exp = self.experiment()
+        except SpecError as e:
+            return f"its experiment does not read back: {e}"
+        if len(self.dispatchers) != exp.policy.dispatchers:
+            return (
+                f"it lists {len(self.dispatchers)} dispatcher(s) but the experiment runs "
+                f"{exp.policy.dispatchers} (policy.dispatchers)"
+            )
+        return None
 
 
 def _first_difference(path: str, mine: Any, theirs: Any) -> tuple[str, Any, Any] | None:

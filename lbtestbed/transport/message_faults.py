@@ -15,7 +15,8 @@ import numpy as np
 from aiohttp import web
 
 from lbtestbed.model.distributions import BlockSampler
-from lbtestbed.model.spec import MESSAGE_FAULTS, Experiment, seed_sequence, seeded_random
+from lbtestbed.model.experiment import MESSAGE_FAULTS, Experiment
+from lbtestbed.model.streams import seed_sequence, seeded_random
 from lbtestbed.transport import wire
 
 #: what a sender does with a message that no fault hits: one copy, no extra delay

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from lbtestbed.model.experiment import Experiment
 from lbtestbed.transport.cluster_file import ClusterError, ClusterFile
 from lbtestbed.transport.http import IDLE_TIMEOUT
 
@@ -176,8 +177,9 @@ def process_parser(role: str) -> argparse.ArgumentParser:
     return parser
 
 
-def process_args(role: str) -> tuple[ClusterFile, int, str | None]:
-    """The cluster file, this process's index and the address to bind; exit 2 with one line if bad."""
+def process_args(role: str) -> tuple[ClusterFile, Experiment, int, str | None]:
+    """The cluster file, the experiment it holds, this process's index and the address to bind; exit 2
+    with one line if bad."""
     args = process_parser(role).parse_args()
     try:
         cluster = ClusterFile.load(args.cluster)
@@ -185,8 +187,10 @@ def process_args(role: str) -> tuple[ClusterFile, int, str | None]:
         print(f"{role}: error: {e}", file=sys.stderr)
         sys.exit(2)
     processes = cluster.node_hosts if role == "server_node" else cluster.dispatchers
-    problem = None
-    if not cluster.token:
+    problem = cluster.check()
+    if problem:
+        problem = f"{args.cluster}: {problem}"
+    elif not cluster.token:
         problem = f"{args.cluster}: no token in the file and LBT_TOKEN is not set"
     elif not 0 <= args.index < len(processes):
         problem = (
@@ -197,7 +201,7 @@ def process_args(role: str) -> tuple[ClusterFile, int, str | None]:
     if problem:
         print(f"{role}: error: {problem}", file=sys.stderr)
         sys.exit(2)
-    return cluster, args.index, args.listen
+    return cluster, cluster.experiment(), args.index, args.listen
 
 
 def _host_port(text: str) -> tuple[str, int] | None:

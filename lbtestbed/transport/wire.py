@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from aiohttp import ClientPayloadError, web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from lbtestbed.model.spec import Experiment
+from lbtestbed.model.experiment import Experiment
 from lbtestbed.policies import MESSAGE_ID
 from lbtestbed.policies.base import Message
 from lbtestbed.transport.signing import AUTHORIZATION, SCHEME, SIGNATURE, Unauthorized, Verifier

@@ -21,7 +21,8 @@ import numpy as np
 from lbtestbed.analysis.measurement.scrape import ScrapeError, Snapshot
 from lbtestbed.analysis.results.raw import RawRun
 from lbtestbed.loadgen.openloop import TaskRecord
-from lbtestbed.model.spec import Experiment, message_kinds
+from lbtestbed.model.experiment import Experiment
+from lbtestbed.policies import policy_of
 
 NODE_CLOCK = "lbtestbed_node_model_seconds_total"
 OCCUPANCY = "lbtestbed_node_occupancy_model_seconds_total"
@@ -55,6 +56,7 @@ def totals(exp: Experiment, snap: Snapshot) -> Totals:
     node_time = task_s = util_s = idle = idle_speed = 0.0
     at: list[dict[int, float]] = [defaultdict(float) for _ in range(C)]
     decisions = r_area = dispatcher_time = dispatcher_tasks = 0.0
+    learned = policy_of(exp).learned  # integrated by the dispatchers: its time average is a metric
     outcomes: dict[str, float] = defaultdict(float)
     messages: dict[str, float] = defaultdict(float)
     for key, proc in snap.processes.items():
@@ -83,7 +85,8 @@ def totals(exp: Experiment, snap: Snapshot) -> Totals:
         decisions += proc.value("lbtestbed_dispatcher_decisions_total")
         for (outcome,), v in proc.by("lbtestbed_dispatcher_decisions_total", "outcome").items():
             outcomes[outcome] += v
-        r_area += proc.value("lbtestbed_dispatcher_slta_r_model_seconds_total")
+        if learned is not None:
+            r_area += proc.value(f"lbtestbed_dispatcher_{learned.name}_model_seconds_total")
         dispatcher_time += proc.value(DISPATCHER_CLOCK)
         dispatcher_tasks += proc.value("lbtestbed_dispatcher_task_model_seconds_total")
     time_at = []
@@ -142,7 +145,7 @@ def _all_batches(exp: Experiment, snaps: Sequence[Snapshot], records: Sequence[T
     B = len(snaps) - 1
     if B < 1:
         raise ValueError("a measured window needs at least two snapshots")
-    kinds = message_kinds(exp.policy)
+    kinds = exp.policy.message_kinds()
     raw = RawRun(batches=B, message_kinds=kinds)
     tot = [totals(exp, s) for s in snaps]
     pairs = list(itertools.pairwise(tot))
@@ -177,8 +180,9 @@ def _all_batches(exp: Experiment, snaps: Sequence[Snapshot], records: Sequence[T
         total_msgs += a
         raw.ratios[f"messages:{kind}"] = (a, decisions)
     raw.ratios["messages_per_task"] = (total_msgs, decisions)
-    if exp.policy.name == "slta":
-        raw.ratios["slta_r"] = (d("r_area"), d("dispatcher_time"))
+    learned = policy_of(exp).learned
+    if learned is not None:
+        raw.ratios[learned.name] = (d("r_area"), d("dispatcher_time"))
     raw.decisions = {
         k: int(tot[-1].outcomes.get(k, 0.0) - tot[0].outcomes.get(k, 0.0)) for k in tot[-1].outcomes
     }

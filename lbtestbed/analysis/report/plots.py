@@ -15,6 +15,7 @@ import numpy as np
 
 from lbtestbed.analysis.results.raw import RawRun
 from lbtestbed.analysis.results.result import Result
+from lbtestbed.policies import Learned
 
 COLORS = {"cluster": "tab:blue", "twin": "tab:green", "simulation": "tab:orange", "theory": "black"}
 #: how each source is drawn, so that sources lying on one another stay apart: the cluster wide and solid
@@ -235,15 +236,17 @@ def over_time(
     return _save(fig, directory / "over_time.png")
 
 
-def slta_r(
+def learned(
     directory: Path,
+    what: Learned,
     cluster_series: Sequence[tuple[float, float]],
     sim: RawRun | None,
     theory: Result | None,
     *,
     run: str,
 ) -> Path | None:
-    """SLTA's learned index r over model time: the cluster's sampled gauge and the simulator's path."""
+    """What the policy learns (``what``: SLTA's index r) over model time: the cluster's sampled gauge, the
+    simulator's path and the theory's value; ``<name>.png``."""
     if not cluster_series and (sim is None or not sim.r_series):
         return None
     plt = _pyplot()
@@ -256,17 +259,18 @@ def slta_r(
     if sim is not None and sim.r_series:
         t, r = zip(*sim.r_series, strict=True)
         ax.step(t, r, where="post", label="simulation", **style("simulation", markers=False))
-    r_star = theory.value("slta_r") if theory is not None else None
-    if r_star is not None:
-        ax.axhline(r_star, color="black", linestyle="--", label="r* (theory)", zorder=1)  # beneath the paths
+    value = theory.value(what.name) if theory is not None else None
+    if value is not None:
+        ax.axhline(value, color="black", linestyle="--", label="theory", zorder=1)  # beneath the paths
     ax.set_xlabel("model time (s)")
-    ax.set_ylabel("r (learned threshold index)")
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_title("SLTA's r over time", fontsize=10)
+    ax.set_ylabel(f"{what.label} ({what.unit})")
+    if what.unit == "index":
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_title(f"{what.label} over time", fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     _title(fig, run)
-    return _save(fig, directory / "slta_r.png")
+    return _save(fig, directory / f"{what.name}.png")
 
 
 def messages(directory: Path, results: Sequence[Result], *, run: str) -> Path | None:

@@ -20,7 +20,8 @@ from lbtestbed.analysis.report import plots
 from lbtestbed.analysis.results.raw import RawRun
 from lbtestbed.analysis.results.regime import describe
 from lbtestbed.analysis.results.result import Result
-from lbtestbed.model.spec import Experiment
+from lbtestbed.model.experiment import Experiment
+from lbtestbed.policies import CATALOG, policy_of
 
 UNITS = {
     "mean_sojourn": "model s",
@@ -33,7 +34,7 @@ UNITS = {
     "idle_capacity": "speed units",
     "idle_nodes": "nodes",
     "messages_per_task": "msgs/task",
-    "slta_r": "index",
+    **{learned.name: learned.unit for learned in CATALOG.learned()},
 }
 #: the unit of every occupancy_tail[<class>] row: a fraction of the class's nodes
 TAIL_UNIT = "fraction"
@@ -595,8 +596,10 @@ def write(
                 run=run,
             )
         )
-    if e.policy.name == "slta":
-        images.append(plots.slta_r(directory, r_series, raws.get("simulation"), rep.theory, run=run))
+    learned = policy_of(e).learned
+    if learned is not None:
+        sim = raws.get("simulation")
+        images.append(plots.learned(directory, learned, r_series, sim, rep.theory, run=run))
     images.append(plots.messages(directory, results, run=run))
     sojourns = {src: [x for b in raw.sojourns for x in b] for src, raw in raws.items()}
     images.append(plots.sojourn(directory, sojourns, rep.theory, run=run))

@@ -16,7 +16,8 @@ import numpy as np
 
 from lbtestbed.analysis.results.raw import RawRun
 from lbtestbed.analysis.results.statistics import Estimate, mean_ci, ratio_estimate, replication_estimate
-from lbtestbed.model.spec import Experiment
+from lbtestbed.model.experiment import Experiment
+from lbtestbed.policies import CATALOG, policy_of
 
 #: metrics every result carries, in table order
 METRICS = (
@@ -31,7 +32,8 @@ METRICS = (
     "idle_nodes",
     "messages_per_task",
     "occupancy_tail",
-    "slta_r",
+    # what some policy learns (unit.Learned): a metric of every result, null where the policy learns nothing
+    *(learned.name for learned in CATALOG.learned()),
 )
 
 #: metrics that are ratios of a run's batch sums (RawRun.ratios under the same key)
@@ -43,7 +45,7 @@ RATIO_METRICS = (
     "idle_capacity",
     "idle_nodes",
     "messages_per_task",
-    "slta_r",
+    *(learned.name for learned in CATALOG.learned()),
     "tasks_in_system",
 )
 #: metrics that are quantiles of the sojourns, and their levels
@@ -75,6 +77,13 @@ class Result:
     def value(self, metric: str) -> float | None:
         v = self.metrics[metric].get("value")
         return None if v is None else float(v)
+
+
+def learned_name(exp: Experiment) -> str:
+    """The metric of what the experiment's policy learns (it must learn something)."""
+    learned = policy_of(exp).learned
+    assert learned is not None, f"{exp.policy.name} learns nothing"
+    return learned.name
 
 
 def _estimate(raws: Sequence[RawRun], key: str) -> Estimate:
@@ -150,7 +159,7 @@ def summarize(exp: Experiment, raws: Sequence[RawRun], source: str = "simulation
             for k, v in r.r_time.items():
                 total[k] = total.get(k, 0.0) + v
         whole = sum(total.values())
-        metrics["slta_r"]["time_fraction"] = {str(k): v / whole for k, v in sorted(total.items())}
+        metrics[learned_name(exp)]["time_fraction"] = {str(k): v / whole for k, v in sorted(total.items())}
     metrics = {k: metrics[k] for k in METRICS}
 
     decisions: dict[str, int] = {}
@@ -165,7 +174,7 @@ def summarize(exp: Experiment, raws: Sequence[RawRun], source: str = "simulation
     }
     if raws[0].r_time:
         extras["stale_tokens"] = sum(r.stale_tokens for r in raws)
-        extras["series"] = {"slta_r": [[t, v] for t, v in raws[0].r_series]}
+        extras["series"] = {learned_name(exp): [[t, v] for t, v in raws[0].r_series]}
     context = {
         "spec": exp.source,
         "n": exp.n,

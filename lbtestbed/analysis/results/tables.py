@@ -6,7 +6,8 @@ from typing import Any
 
 from lbtestbed.analysis.results.regime import describe
 from lbtestbed.analysis.results.result import METRICS, Result
-from lbtestbed.model.spec import Experiment
+from lbtestbed.model.experiment import Experiment
+from lbtestbed.policies import CATALOG
 
 
 def _fmt(v: float | None, digits: int = 6) -> str:
@@ -50,10 +51,13 @@ def render(result: Result) -> str:
     for kind, v in m["messages_per_task"].get("by_kind", {}).items():
         part = {"value": v, "ci95": kind_ci.get(kind)}
         rows.append(_part(f"  messages_per_task[{kind}]", m["messages_per_task"], part, theory))
-    if m["slta_r"].get("time_fraction"):
-        fr = m["slta_r"]["time_fraction"]
-        top = sorted(fr.items(), key=lambda kv: -kv[1])[:4]
-        rows.append(["  time at r", ", ".join(f"{k}: {v:.3f}" for k, v in top), "share of time"])
+    for learned in CATALOG.learned():
+        fr = m.get(learned.name, {}).get("time_fraction")
+        if fr:
+            top = sorted(fr.items(), key=lambda kv: -kv[1])[:4]
+            rows.append(
+                [f"  time at {learned.name}", ", ".join(f"{k}: {v:.3f}" for k, v in top), "share of time"]
+            )
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = [
         f"{result.name}  policy={result.policy}  source={result.source}  n={result.context.get('n')}  "

@@ -10,7 +10,7 @@ from __future__ import annotations
 from lbtestbed.analysis.results.raw import RawRun
 from lbtestbed.analysis.simulator import compiled
 from lbtestbed.analysis.simulator.engine import Progress, Simulator
-from lbtestbed.model.spec import Experiment
+from lbtestbed.model.experiment import Experiment
 
 __all__ = ["Progress", "RawRun", "Simulator", "simulate_once"]
 

@@ -1,7 +1,7 @@
 """The simulator compiled with mypyc: opt-in, built beside the package, refused once its sources change.
 
 Pure Python is the default and the reference. ``python -m lbtestbed.analysis.simulator.compiled build``
-compiles copies of the simulator's hot modules (``analysis/simulator/engine.py``, ``server_node/models.py``,
+compiles copies of the simulator's hot modules (``analysis/simulator/engine.py``, ``model/nodes.py``,
 ``model/workload.py``) with mypyc, as the private package ``_lbt_compiled`` in ``build/compiled-simulator/``
 (or ``$LBT_COMPILED_DIR``), and records the SHA-256 of every source it compiled. Compiling the modules
 in place would put ``.so`` files beside the sources, where an editable install imports them instead of
@@ -36,18 +36,19 @@ from types import ModuleType
 
 from lbtestbed.analysis.results.raw import RawRun
 from lbtestbed.analysis.simulator.engine import Progress
-from lbtestbed.model.spec import Experiment, SpecError
+from lbtestbed.model.experiment import Experiment
+from lbtestbed.model.reader import SpecError
 
 PACKAGE = Path(__file__).resolve().parents[2]  # the lbtestbed package directory
 TWIN = "_lbt_compiled"
 #: the compiled copies: name in the twin package -> source, relative to the package
 MODULES = {
     "engine": "analysis/simulator/engine.py",
-    "models": "server_node/models.py",
+    "models": "model/nodes.py",
     "workload": "model/workload.py",
 }
 #: import lines rewritten so that the copies use each other
-REWRITES = {"lbtestbed.server_node.models": f"{TWIN}.models", "lbtestbed.model.workload": f"{TWIN}.workload"}
+REWRITES = {"lbtestbed.model.nodes": f"{TWIN}.models", "lbtestbed.model.workload": f"{TWIN}.workload"}
 ENV, DIR_ENV = "LBT_SIMULATOR", "LBT_COMPILED_DIR"
 BUILD_HINT = "build it with: python -m lbtestbed.analysis.simulator.compiled build"
 

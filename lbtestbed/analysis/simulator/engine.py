@@ -2,7 +2,7 @@
 
 No policy rule lives here. The simulator draws the workload, hands each task to the dispatcher side, carries
 probes, tasks and state messages between the policy objects (at once, or after the spec's network delay)
-and measures. Time averages are exact: nodes integrate their occupancy (``server_node.models``), the
+and measures. Time averages are exact: nodes integrate their occupancy (``model.nodes``), the
 simulator integrates the number of tasks in the system and SLTA's r. The measured window
 [warmup, warmup + duration] is cut into equal batches; every task that arrives in it is followed to its
 completion, so sojourn times are not censored.
@@ -23,7 +23,9 @@ import numpy as np
 from lbtestbed.analysis.results.raw import RawRun
 from lbtestbed.model.conditions import fail_windows, failing, speed_changes
 from lbtestbed.model.distributions import BlockSampler
-from lbtestbed.model.spec import MAX_DISPATCHERS, Experiment, message_kinds, seed_sequence, seeded_random
+from lbtestbed.model.experiment import MAX_DISPATCHERS, Experiment
+from lbtestbed.model.nodes import NodeModel, make_node
+from lbtestbed.model.streams import seed_sequence, seeded_random
 from lbtestbed.model.workload import DispatcherSplit, PoissonWorkload, Task
 from lbtestbed.policies import (
     DispatcherSide,
@@ -33,10 +35,9 @@ from lbtestbed.policies import (
     Route,
     make_dispatcher,
     make_node_sides,
+    policy_of,
 )
 from lbtestbed.policies.sampling import InstantProbe
-from lbtestbed.policies.slta import SLTADispatcher
-from lbtestbed.server_node.models import NodeModel, make_node
 
 INF = math.inf
 
@@ -125,14 +126,14 @@ class Simulator:
         self.tot_last = 0.0
         self.tot_area = 0.0
         self.tot_area2 = 0.0
-        self._bind_slta()
+        self._bind_learner()
         self.r: int | float = (
             1  # an int while one dispatcher learns it (or several agree): r_time keys print as such
         )
         self.r_last = 0.0
         self.r_area = 0.0
         self.events = 0
-        kinds = message_kinds(exp.policy)
+        kinds = exp.policy.message_kinds()
         self.kinds = kinds
         B = self.B
         self.msg_counts = {kind: [0] * B for kind in kinds}
@@ -147,17 +148,18 @@ class Simulator:
         self.snapshots: list[dict[str, object]] = []
         self.is_fcfs = [n.discipline == "fcfs" for n in self.nodes]
 
-    def _bind_slta(self) -> None:
-        """SLTA's learned index: ``slta`` is dispatcher 0; with several, ``slta_all`` holds them all and
-        the measured r is their mean, which any message may change (a full view adopts r from tokens)."""
+    def _bind_learner(self) -> None:
+        """What the policy learns (``unit.Learned``, SLTA's r), called r here: ``learner`` is dispatcher 0;
+        with several, ``learners`` holds them all and the measured r is their mean, which any message may
+        change (a full view adopts r from tokens)."""
         d0 = self.dispatcher
-        self.slta = d0 if isinstance(d0, SLTADispatcher) else None
-        several = self.slta is not None and len(self.dispatchers) > 1
-        self.slta_all = [d for d in self.dispatchers if isinstance(d, SLTADispatcher)] if several else []
+        self.learner = d0 if policy_of(self.exp).learned is not None else None
+        several = self.learner is not None and len(self.dispatchers) > 1
+        self.learners = list(self.dispatchers) if several else []
 
     def _r_follow(self) -> None:
-        """Several SLTA dispatchers: integrate their mean r, if it changed since the last event."""
-        total, k = sum(d.r for d in self.slta_all), len(self.slta_all)
+        """Several learning dispatchers: integrate their mean r, if it changed since the last event."""
+        total, k = sum(d.learned_value() for d in self.learners), len(self.learners)
         r = total // k if total % k == 0 else total / k  # an integer while they agree
         if r != self.r:
             self._r_changes(self.now, r)
@@ -258,8 +260,8 @@ class Simulator:
     def _route(self, task: Task, route: Route) -> None:
         if task.batch >= 0:
             self.decisions[route.outcome] += 1
-        if self.slta is not None and not self.slta_all and self.slta.r != self.r:
-            self._r_changes(self.now, self.slta.r)
+        if self.learner is not None and not self.learners and self.learner.learned_value() != self.r:
+            self._r_changes(self.now, self.learner.learned_value())
         self.forwarded[task.id] = self.now
         if self.delay_tasks:
             assert self.delay is not None
@@ -367,7 +369,7 @@ class Simulator:
         """Close the batch that ends at t (or open the first one) and step to the next."""
         self.now = t
         self._total_changes(t, 0)
-        if self.slta is not None:
+        if self.learner is not None:
             self._r_changes(t, self.r)
         # per-class sums of the nodes' time_at, node by node in order; plain floats add exactly as numpy
         # would, without a numpy call per node
@@ -400,7 +402,7 @@ class Simulator:
         )
         # snapshot b opens batch b; snapshot B closes the window
         self.batch = len(self.snapshots) - 1 if len(self.snapshots) <= self.B else -1
-        if self.slta is not None and len(self.snapshots) in (1, self.B + 1):
+        if self.learner is not None and len(self.snapshots) in (1, self.B + 1):
             self.r_series.append((t, self.r))  # the series starts and ends with the window
 
     def _window(self) -> tuple[list[float], float]:
@@ -464,7 +466,7 @@ class Simulator:
                         self.events -= 1  # a stale completion is no model event
                 else:
                     self._heap_event(kind, a, b)
-            if self.slta_all:
+            if self.learners:
                 self._r_follow()
             if not self.events & 0xFFFF:
                 self._tick(t, drain_until, report)
@@ -489,7 +491,7 @@ class Simulator:
             and quiet_arrival
             and quiet_departure
             and ignores_done
-            and self.slta is None
+            and self.learner is None
         ):
             occupancy = [node.x for node in nodes]
             fast = instant_probe(occupancy)
@@ -505,7 +507,7 @@ class Simulator:
         arrivals, fcfs_arrivals, fcfs_waits = self.arrivals, self.fcfs_arrivals, self.fcfs_waits
         is_fcfs, node_class = self.is_fcfs, self.exp.node_class
         sojourn, sojourn_class, decisions = self.sojourn, self.sojourn_class, self.decisions
-        slta = self.slta
+        learner = self.learner
         workload = self.workload
         times, works = workload.next_block()
         ai, count = 0, 0
@@ -571,8 +573,8 @@ class Simulator:
                 assert isinstance(decision, Route)
                 if batch >= 0:
                     decisions[decision.outcome] += 1
-                if slta is not None and slta.r != self.r:
-                    self._r_changes(t, slta.r)
+                if learner is not None and learner.learned_value() != self.r:
+                    self._r_changes(t, learner.learned_value())
                 k = decision.node
                 node = nodes[k]
                 waits = node.arrive(task, t)
@@ -819,11 +821,13 @@ class Simulator:
                 np.array([sum(s) for s in sc]),
                 np.array([len(s) for s in sc], float),
             )
-        if self.slta is not None:
-            raw.ratios["slta_r"] = (diff("r"), ones)
+        if self.learner is not None:
+            learned = policy_of(exp).learned
+            assert learned is not None
+            raw.ratios[learned.name] = (diff("r"), ones)
             raw.r_time = dict(self.r_time)
             raw.r_series = self.r_series
-            raw.stale_tokens = self.slta.stale_tokens
+            raw.stale_tokens = self.learner.stale_tokens
         raw.sojourns = self.sojourn
         raw.decisions = dict(self.decisions)
         raw.censored = self.outstanding

@@ -21,10 +21,10 @@ from typing import IO, Any
 
 from lbtestbed.analysis.results.raw import RawRun
 from lbtestbed.analysis.simulator.engine import Progress, Simulator
-from lbtestbed.model.spec import Experiment
+from lbtestbed.model.experiment import Experiment
+from lbtestbed.model.nodes import FCFSNode, NodeModel, PoolNode, PSNode
 from lbtestbed.model.workload import Task
 from lbtestbed.policies import Probe, Route
-from lbtestbed.server_node.models import FCFSNode, NodeModel, PoolNode, PSNode
 
 #: the CSV's columns, in order (docs/spec.md, "Per-task records")
 COLUMNS = (

@@ -42,7 +42,8 @@ from lbtestbed.analysis.simulator.engine import (
     Progress,
     Simulator,
 )
-from lbtestbed.model.spec import Experiment, seeded_random
+from lbtestbed.model.experiment import Experiment
+from lbtestbed.model.streams import seeded_random
 from lbtestbed.model.workload import DispatcherSplit, Task
 from lbtestbed.policies import Message, Probe, Route, make_dispatcher
 from lbtestbed.transport.wire import message_key
@@ -90,7 +91,7 @@ class TwinSimulator(Simulator):
                 for i in range(k)
             ]
             self.dispatcher = self.dispatchers[0]
-            self._bind_slta()
+            self._bind_learner()
         self.delay = None  # the measured delays replace the spec's emulated ones: they include them
         self.delay_tasks = False
         median = emulation.median_legs()
@@ -155,8 +156,8 @@ class TwinSimulator(Simulator):
         (the dispatch time that remains), plus its measured forwarding time."""
         if task.batch >= 0:
             self.decisions[route.outcome] += 1
-        if self.slta is not None and not self.slta_all and self.slta.r != self.r:
-            self._r_changes(self.now, self.slta.r)
+        if self.learner is not None and not self.learners and self.learner.learned_value() != self.r:
+            self._r_changes(self.now, self.learner.learned_value())
         forward = self.task_legs[task.id][2]
         self.forwarded[task.id] = self.now + still  # when the cluster's dispatcher forwarded it
         self._push(self.now + still + forward, _TASK_AT_NODE, task, route)

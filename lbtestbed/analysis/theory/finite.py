@@ -16,7 +16,10 @@ from lbtestbed.analysis.results.regime import EXACT, FINITE_N
 from lbtestbed.analysis.theory import ctmc, refined
 from lbtestbed.analysis.theory.numeric import erlang_mixture_quantile
 from lbtestbed.analysis.theory.prediction import THEORY, Prediction
-from lbtestbed.model.spec import Experiment
+from lbtestbed.model.experiment import Experiment
+from lbtestbed.policies.jiq import JIQParams
+from lbtestbed.policies.jsq import JSQParams
+from lbtestbed.policies.sampling import LeastRequestParams, PowerOfDParams
 
 EXACT_SOURCE = f'{THEORY}, "Exact values at small n: the Markov chain"'
 REFINED_SOURCE = (
@@ -35,10 +38,16 @@ TAIL_CUT = 1e-12
 
 def _model(exp: Experiment, policy: str, speed: float) -> ctmc.Model:
     pol = exp.policy
-    d = pol.d if isinstance(pol.d, int) else 2
-    return ctmc.Model(
-        policy, exp.n, exp.workload.arrival_rate, speed / exp.workload.service.mean, d, pol.replace
-    )
+    d, replace = 2, False
+    if isinstance(pol, PowerOfDParams | LeastRequestParams):
+        d, replace = pol.d, pol.replace
+    return ctmc.Model(policy, exp.n, exp.workload.arrival_rate, speed / exp.workload.service.mean, d, replace)
+
+
+def tie_break(exp: Experiment) -> str:
+    """The tie-break of a policy that has one (JSQ, JIQ, power-of-d), else "random"."""
+    pol = exp.policy
+    return pol.tie_break if isinstance(pol, JSQParams | JIQParams | PowerOfDParams) else "random"
 
 
 def _cut(tail: Sequence[float], errors: Sequence[float]) -> tuple[list[float], list[float]]:
@@ -142,7 +151,7 @@ def supermarket(exp: Experiment, p: Prediction, speed: float, fcfs: bool) -> Non
     """JSQ(d) at the spec's n: the exact chain, else the refined mean field (exponential work); for other
     work on ps nodes the limit stays, with the exponential refined correction as its estimated gap."""
     pol, work = exp.policy, exp.workload.service
-    assert isinstance(pol.d, int)
+    assert isinstance(pol, PowerOfDParams | LeastRequestParams)
     if pol.d < 2:
         return  # d = 1 is random routing: M/M/1 or M/G/1-PS per node, the value at every n
     model = _model(exp, "power_of_d", speed)
@@ -292,7 +301,7 @@ def halfin_whitt_gap(exp: Experiment, p: Prediction, limit: float) -> None:
     death chain, born at C_j - mu_j i (their busy nodes finishing, servers with two or more tasks ignored)
     and dying at lambda (every arrival takes one while any is idle). The last class holds the rest, set by
     flow balance: sum over idle nodes of mu = sum mu - lambda exactly."""
-    order = RATE_ORDER.get(exp.policy.tie_break)
+    order = RATE_ORDER.get(tie_break(exp))
     work = exp.workload.service
     if order is None or any(c.speed.value is None for c in exp.classes):
         return
@@ -330,6 +339,6 @@ def halfin_whitt_gap(exp: Experiment, p: Prediction, limit: float) -> None:
     if abs(estimate - limit) > LARGE_GAP * limit:
         p.warn(
             f"idle_nodes: the Halfin-Whitt limit {limit:.4g} converges slowly for tie_break = "
-            f"{exp.policy.tie_break}: at n = {exp.n} the classes served first hold about "
+            f"{tie_break(exp)}: at n = {exp.n} the classes served first hold about "
             f"{sum(i for _, i in idle_first):.2g} idle nodes, which puts the count near {estimate:.4g}"
         )

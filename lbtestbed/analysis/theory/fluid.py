@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lbtestbed.analysis.theory.pools import BoundCurve, alphas, pool_load, service_rate
-from lbtestbed.model.spec import Experiment
+from lbtestbed.model.experiment import Experiment
 from lbtestbed.policies.jlmu import ranking_of
 from lbtestbed.policies.ranking import Ranking
 
@@ -39,6 +39,11 @@ def from_empty(exp: Experiment, times: Sequence[float]) -> list[TransientPoint]:
         s = rho * (1.0 - math.exp(-mu * t))
         out.append(TransientPoint(t, s, float(curve(s)[0]), rho - s))
     return out
+
+
+def describes(exp: Experiment) -> bool:
+    """Whether the fluid model describes the spec: pools under JLMU or SLTA (the policies it is of)."""
+    return {c.discipline for c in exp.classes} == {"pool"} and exp.policy.name in ("jlmu", "slta")
 
 
 def warmup_needed(exp: Experiment) -> float:

@@ -18,7 +18,7 @@ from fractions import Fraction
 import numpy as np
 
 from lbtestbed.analysis.theory.numeric import poisson_pmf
-from lbtestbed.model.spec import Experiment
+from lbtestbed.model.experiment import Experiment
 from lbtestbed.policies.jlmu import ranking_of
 from lbtestbed.policies.ranking import Ranking
 

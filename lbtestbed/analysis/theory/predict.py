@@ -25,7 +25,12 @@ from lbtestbed.analysis.theory.pools import (
 )
 from lbtestbed.analysis.theory.prediction import THEORY, Prediction
 from lbtestbed.model.conditions import speed_varies
-from lbtestbed.model.spec import Experiment
+from lbtestbed.model.experiment import Experiment
+from lbtestbed.policies import policy_of
+from lbtestbed.policies.hetero_ps import SchemeParams
+from lbtestbed.policies.jiq import JIQParams
+from lbtestbed.policies.sampling import LeastRequestParams, PowerOfDParams, node_weights
+from lbtestbed.policies.slta import SLTAParams
 
 #: metrics a queueing formula predicts together, and which fall together when it does not apply
 #: beyond this beta the load is too light for the Halfin-Whitt idle-count formula to mean anything
@@ -91,9 +96,7 @@ def _doc(heading: str) -> str:
     return f'{THEORY}, "{heading}"'
 
 
-SENDS = _doc("What each policy sends")
 FLOW = _doc("Flow balance")
-SLTA_MESSAGES = _doc("SLTA's messages")
 BOUNDS = "The `bounds` block"
 
 
@@ -150,7 +153,7 @@ def predict(exp: Experiment) -> Result:
             _static(exp, p, per_node=lambda s: _node_formula(exp, exp.workload.arrival_rate / exp.n, s))
         elif policy == "round_robin":
             _round_robin(exp, p)
-        elif policy == "least_request" and len(set(exp.node_weights)) > 1:
+        elif policy == "least_request" and len(set(node_weights(exp))) > 1:
             p.null_many(QUEUE_METRICS, WEIGHTED_LEAST_REQUEST)
         elif policy in ("power_of_d", "least_request"):
             _supermarket(exp, p)
@@ -188,46 +191,9 @@ def predict(exp: Experiment) -> Result:
 
 
 def _messages(exp: Experiment) -> tuple[float | None, str, str, list[str]]:
-    name, d = exp.policy.name, exp.policy.d
-    if name in ("random", "round_robin", "least_request", "peak_ewma"):
-        return 0.0, "no state messages", "policy definition", []
-    if name == "power_of_d":
-        assert isinstance(d, int)
-        return 2.0 * d, f"2d = {2 * d}: d probes and d replies", SENDS, []
-    if name in ("scheme1", "scheme2"):
-        assert isinstance(d, tuple)
-        return 2.0 * sum(d), f"2 sum(d_j) = {2 * sum(d)}", f"{PS_PAPER} §2; {SENDS}", []
-    if name == "prequal":
-        assert exp.policy.prequal is not None
-        r = exp.policy.prequal.r_probe
-        return 2.0 * r, f"2 r_probe = {2 * r:g}: r_probe probes and their replies", SENDS, []
-    k = exp.policy.dispatchers
-    if name in ("jsq", "jlmu") and exp.policy.view == "full" and k > 1:
-        return 2.0 * k - 1, f"2K - 1 = {2 * k - 1}: K - 1 arrival and K departure notices", SENDS, []
-    if name in ("jsq", "jlmu"):
-        return 1.0, "one departure notice per task", SENDS, []
-    if name == "jiq" and k > 1:
-        return (
-            None,
-            f"tokens per task with several dispatchers: Lu et al.'s limit gives them for equal speeds "
-            f"({_doc('Several dispatchers')})",
-            SENDS,
-            [],
-        )
-    if name == "jiq":
-        return (
-            1.0,
-            "1 - P(wait) idle tokens per task, -> 1 as n grows at load < 1",
-            SENDS,
-            ["large n", "load < 1", "one dispatcher"],
-        )
-    return (
-        None,
-        "SLTA has no closed form: about one token per task at q* plus corrections and epoch messages; "
-        f"the exact-CTMC reference run for this project gives 1.02-1.14 for n = 50..800 ({SLTA_MESSAGES})",
-        SLTA_MESSAGES,
-        [],
-    )
+    """The policy's own count of its messages per task (``unit.Policy.messages``)."""
+    cost = policy_of(exp).messages(exp)
+    return cost.per_task, cost.formula, cost.source, list(cost.assumes)
 
 
 # -------------------------------------------------------------------------------------------- pools
@@ -332,8 +298,8 @@ def _pools(exp: Experiment, p: Prediction) -> None:
 def _slta_range(exp: Experiment, p: Prediction, opt: PoolOptimum) -> None:
     """Warn when beta_n is above the green tokens SLTA sees one slot past sigma*, n (alpha_i* - q*(sigma*)):
     the decrement that brings r back to r* cannot fire there (docs/theory.md, "Why gamma_0 < 1/2")."""
+    assert isinstance(exp.policy, SLTAParams)
     beta = exp.policy.beta
-    assert beta is not None
     i_star = opt.sigma[0]
     room = float(opt.alpha[i_star] - opt.fill)
     p.bounds["slta_beta_range"] = {"beta_n": beta, "green_past_sigma_star": room}
@@ -507,7 +473,7 @@ def _supermarket(exp: Experiment, p: Prediction) -> None:
             f"({_doc('Reference numbers for JSQ(d)')})",
         )
         return
-    assert isinstance(exp.policy.d, int)
+    assert isinstance(exp.policy, PowerOfDParams | LeastRequestParams)
     d = exp.policy.d
     a = exp.workload.arrival_rate / exp.n
     rho = a * work.mean / speed
@@ -584,7 +550,7 @@ def _join_idle(exp: Experiment, p: Prediction) -> None:
     lo, hi = _rate_support(exp)
     mean_mu = sum(mus) / n
     fairness = {"fastest": lo, "fastest_idle": lo, "slowest": hi}.get(
-        exp.policy.tie_break, sum(m * m for m in mus) / n / mean_mu
+        finite.tie_break(exp), sum(m * m for m in mus) / n / mean_mu
     )
     p.bounds["halfin_whitt"] = {"beta": beta, "fairness_coefficient": fairness}
     if not 0 < beta <= HW_BETA_MAX:
@@ -616,7 +582,8 @@ def _jiq_dispatchers(exp: Experiment, p: Prediction, speed: float) -> None:
     """JIQ-Random or JIQ-SQ(d) with K dispatchers, equal speeds: Lu et al.'s limit with n / K fixed, in
     which a node's busy periods are an M/G/1 queue's at the reduced load lambda (1 - rho) (dispatchers.py)."""
     work, pol = exp.workload.service, exp.policy
-    k, d = pol.dispatchers, pol.d if isinstance(pol.d, int) else 1
+    assert isinstance(pol, JIQParams)
+    k, d = pol.dispatchers, pol.d
     load = exp.work_rate / (exp.n * speed)
     ratio = exp.n / k
     rho = dispatchers.occupied_iqueues(ratio, load, d)
@@ -690,7 +657,7 @@ def _schemes(exp: Experiment, p: Prediction) -> None:
     if any(c.speed.value is None for c in exp.classes):
         p.null("mean_sojourn", "the fixed point needs one speed per class")
         return
-    assert isinstance(exp.policy.d, tuple)
+    assert isinstance(exp.policy, SchemeParams)
     caps = [Fraction(c.speed.value or 1) for c in exp.classes]
     gam = [c.count / exp.n for c in exp.classes]
     lam = exp.workload.arrival_rate / exp.n

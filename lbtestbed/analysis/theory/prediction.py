@@ -9,7 +9,7 @@ from typing import Any
 
 from lbtestbed.analysis.results.regime import EXACT, FINITE_N, LIMIT, regime_of
 from lbtestbed.analysis.results.result import METRICS, Result
-from lbtestbed.model.spec import Experiment
+from lbtestbed.model.experiment import Experiment
 
 THEORY = "docs/theory.md"
 #: the keys that describe a metric's value (replaced with it)

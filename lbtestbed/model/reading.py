@@ -1,0 +1,656 @@
+"""Reading a spec document into an ``Experiment``: the tables the model owns.
+
+``read_experiment`` validates a decoded TOML document (classes, workload, run, network, health, faults,
+nodes) and hands the ``[policy]`` table to the policy's own parameter class, which a ``PolicyLibrary`` (the
+policy library's catalog, ``lbtestbed.policies``) finds by name: the model names no policy. Every problem
+raises ``SpecError`` (one line: file, key, what is wrong); nothing runs on a spec that did not validate.
+``lbtestbed.spec`` puts the two together (``load_spec``). Every key is documented in ``docs/spec.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Protocol
+
+from lbtestbed.model.distributions import SIZE_DISTRIBUTIONS, SizeDistribution, SpeedSpec
+from lbtestbed.model.experiment import (
+    COMMON_POLICY_KEYS,
+    DISCIPLINES,
+    FAULT_KINDS,
+    GRAY_FAULTS,
+    MAX_ARRIVALS,
+    MAX_DISPATCHERS,
+    MAX_NODES,
+    MAX_PROCESS_BYTES,
+    MAX_SPEED_CHANGES,
+    MEASURED_TASK_BYTES,
+    NODE_BYTES,
+    PROCESS_FAULTS,
+    SENT_TASK_BYTES,
+    SPLITS,
+    VIEWS,
+    Experiment,
+    Fault,
+    HealthSpec,
+    NetworkSpec,
+    NodeClass,
+    PolicyParams,
+    RunSpec,
+    Workload,
+    draw_speeds,
+)
+from lbtestbed.model.reader import SpecError, TableReader, show
+from lbtestbed.model.schedules import Antagonist, Entry, NodeSpeed, Ramp, Step
+from lbtestbed.model.utility import TableUtility, Utility, XLogUtility, first_concavity_violation
+
+
+class PolicyLibrary(Protocol):
+    """What the spec reader needs of the policy library: a policy's parameters by name or alias."""
+
+    def names(self) -> tuple[str, ...]:
+        """Every name (and alias) a spec may give ``policy.name``, in the order errors list them."""
+        ...
+
+    def params(self, name: str) -> type[PolicyParams]:
+        """The parameter class of the policy called ``name`` (one of ``names()``)."""
+        ...
+
+    def canonical(self, name: str) -> str:
+        """The policy's own name for ``name`` (an alias or the name itself)."""
+        ...
+
+
+_FRACTION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:/\s*(\d+(?:\.\d+)?)\s*)?$")
+
+
+def _parse_speed(r: TableReader) -> SpeedSpec:
+    if not r.has("speed"):
+        return SpeedSpec(value=Fraction(1))
+    v = r.get("speed")
+    if isinstance(v, Mapping):
+        s = TableReader(r.source, v, r.key("speed"))
+        s.check_keys(("dist", "low", "high"))
+        s.string("dist", choices=("uniform",))
+        low, high = s.number("low"), s.number("high")
+        if high <= low:
+            raise s.fail("high", f"must exceed low ({low:g}), got {high:g}")
+        return SpeedSpec(low=low, high=high)
+    if isinstance(v, str):
+        m = _FRACTION.match(v)
+        if not m:
+            raise r.fail("speed", f'must be a number, a fraction like "2/3" or a table, got {v!r}')
+        if m.group(2) is not None and Fraction(m.group(2)) == 0:
+            raise r.fail("speed", f"the denominator of {v!r} is zero")
+        value = Fraction(m.group(1)) / Fraction(m.group(2) or 1)
+    else:
+        # str() keeps the decimal the user wrote: 0.2 becomes exactly 1/5, so speed ratios tie exactly
+        value = Fraction(str(r.as_number("speed", v)))
+    if value <= 0:
+        raise r.fail("speed", f"must be positive, got {v!r}")
+    return SpeedSpec(value=value)
+
+
+def _parse_utility(r: TableReader) -> Utility | None:
+    if not r.has("utility"):
+        return None
+    u = r.sub("utility")
+    kind = u.string("kind", choices=("xlog", "table"))
+    if kind == "xlog":
+        u.check_keys(("kind", "r"))
+        return XLogUtility(u.number("r"))
+    u.check_keys(("kind", "values"))
+    values = u.require("values")
+    if not isinstance(values, list) or len(values) < 2:
+        raise u.fail("values", "must be an array of at least two numbers u(0), u(1), ...")
+    nums = [u.as_number(f"values[{i}]", x, positive=None) for i, x in enumerate(values)]
+    bad = first_concavity_violation(nums)
+    if bad is not None:
+        raise u.fail(
+            "values", f"utility must be concave: u({bad + 1}) - u({bad}) exceeds u({bad}) - u({bad - 1})"
+        )
+    return TableUtility(nums)
+
+
+def _parse_size(r: TableReader, name: str) -> SizeDistribution:
+    v = r.get(name)
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        return SizeDistribution.of("deterministic", r.as_number(name, v))
+    t = r.sub(name)
+    dist = t.string("dist", choices=SIZE_DISTRIBUTIONS)
+    needs_scv = dist in ("hyperexponential", "lognormal")
+    t.check_keys(("dist", "mean", "scv") if needs_scv else ("dist", "mean"))
+    mean = t.number("mean")
+    scv = t.number("scv") if needs_scv else None
+    if dist == "hyperexponential" and scv is not None and scv < 1:
+        raise t.fail("scv", f"a hyperexponential has scv >= 1, got {scv:g} (use lognormal below 1)")
+    return SizeDistribution.of(dist, mean, scv)
+
+
+def _parse_class(r: TableReader) -> NodeClass:
+    r.check_keys(
+        ("name", "count", "discipline", "speed", "utility", "speed_schedule", "antagonist", "weight")
+    )
+    return NodeClass(
+        name=r.string("name"),
+        count=r.integer("count", minimum=1, maximum=MAX_NODES),
+        discipline=r.string("discipline", choices=DISCIPLINES),
+        speed=_parse_speed(r),
+        utility=_parse_utility(r),
+        speed_schedule=_parse_schedule(r) or (),
+        antagonist=_parse_antagonist(r),
+        weight=r.number("weight") if r.has("weight") else None,
+    )
+
+
+def _parse_schedule(r: TableReader) -> tuple[Entry, ...] | None:
+    """``speed_schedule``: steps {at, factor} and ramps {start, end, to, from, steps}, in time order."""
+    if not r.has("speed_schedule"):
+        return None
+    raw = r.get("speed_schedule")
+    if not isinstance(raw, list):
+        raise r.fail("speed_schedule", "must be an array of steps {at, factor} and ramps {start, end, to}")
+    entries: list[Entry] = []
+    for j, v in enumerate(raw):
+        if not isinstance(v, Mapping):
+            raise r.fail(
+                f"speed_schedule[{j}]", "must be a table: a step {at, factor} or a ramp {start, end, to}"
+            )
+        e = TableReader(r.source, v, r.key(f"speed_schedule[{j}]"))
+        entry: Entry
+        if e.has("at"):
+            e.check_keys(("at", "factor"))
+            entry = Step(e.number("at", positive=False), e.number("factor"))
+        elif any(e.has(k) for k in ("start", "end", "from", "to", "steps")):
+            e.check_keys(("start", "end", "from", "to", "steps"))
+            start, end = e.number("start", positive=False), e.number("end")
+            if end <= start:
+                raise e.fail("end", f"must come after start ({start:g}), got {end:g}")
+            frm = e.number("from") if e.has("from") else None
+            entry = Ramp(start, end, e.number("to"), frm, e.integer("steps", default=10, minimum=1))
+        else:
+            raise e.fail("at", "missing: a step has at and factor, a ramp start, end and to")
+        if entries and entry.begins < entries[-1].ends:
+            key = "at" if isinstance(entry, Step) else "start"
+            raise e.fail(
+                key,
+                f"must not come before the previous entry ends ({entries[-1].ends:g}), got {entry.begins:g}",
+            )
+        entries.append(entry)
+    return tuple(entries)
+
+
+def _parse_antagonist(r: TableReader) -> Antagonist | None:
+    """``antagonist = {factor, mean_on, mean_off}``: an on/off process slowing each node it acts on."""
+    if not r.has("antagonist"):
+        return None
+    a = r.sub("antagonist")
+    a.check_keys(("factor", "mean_on", "mean_off"))
+    return Antagonist(a.number("factor"), a.number("mean_on"), a.number("mean_off"))
+
+
+def _parse_nodes(top: TableReader, n: int) -> tuple[NodeSpeed, ...]:
+    """``[[nodes]]``: a node's own speed schedule and antagonist, each in place of its class's."""
+    if not top.has("nodes"):
+        return ()
+    raw = top.get("nodes")
+    if not isinstance(raw, list):
+        raise top.fail("nodes", "must be an array of [[nodes]] tables")
+    out: list[NodeSpeed] = []
+    for i, v in enumerate(raw):
+        if not isinstance(v, Mapping):
+            raise top.fail(f"nodes[{i}]", "must be a table")
+        r = TableReader(top.source, v, f"nodes[{i}]")
+        r.check_keys(("node", "speed_schedule", "antagonist"))
+        node = r.integer("node", minimum=0, maximum=n - 1)
+        if any(o.node == node for o in out):
+            raise r.fail("node", f"node {node} has another [[nodes]] table")
+        if not r.has("speed_schedule") and not r.has("antagonist"):
+            raise r.fail("speed_schedule", "missing: give speed_schedule, antagonist or both")
+        out.append(NodeSpeed(node, _parse_schedule(r), _parse_antagonist(r)))
+    return tuple(out)
+
+
+def _check_speeds_over_time(top: TableReader, exp: Experiment) -> None:
+    """Schedules within the run; antagonists' expected switches (and schedules' steps) within the limit."""
+    end = exp.run.warmup + exp.run.duration
+    horizon = exp.run.warmup + 2 * exp.run.duration
+    owners: list[tuple[str, tuple[Entry, ...], Antagonist | None, int]] = [
+        (f"classes[{i}]", c.speed_schedule, c.antagonist, c.count) for i, c in enumerate(exp.classes)
+    ]
+    owners += [(f"nodes[{i}]", o.schedule or (), o.antagonist, 1) for i, o in enumerate(exp.nodes)]
+    changes = 0.0
+    for where, schedule, antagonist, count in owners:
+        for j, e in enumerate(schedule):
+            if e.ends > end:
+                key = f"{where}.speed_schedule[{j}].{'at' if isinstance(e, Step) else 'end'}"
+                raise top.fail(key, f"must lie within the run (warmup + duration = {end:g}), got {e.ends:g}")
+            changes += count * (1 if isinstance(e, Step) else e.steps + 1)
+        if antagonist is not None:
+            changes += count * (1 + 2 * horizon / (antagonist.mean_on + antagonist.mean_off))
+            if changes > MAX_SPEED_CHANGES:
+                raise top.fail(
+                    f"{where}.antagonist",
+                    f"about {changes:.3g} speed changes in all over warmup + 2 x duration = {horizon:g} "
+                    f"model s (the run and its longest drain): at most {MAX_SPEED_CHANGES:.0e}; "
+                    "lengthen mean_on and mean_off",
+                )
+        if changes > MAX_SPEED_CHANGES:
+            raise top.fail(
+                f"{where}.speed_schedule",
+                f"{changes:.3g} speed changes in all: at most {MAX_SPEED_CHANGES:.0e}; use fewer ramp steps",
+            )
+
+
+def _halfin_whitt_rate(
+    w: TableReader, seed: int, classes: Sequence[NodeClass], service: SizeDistribution, beta: float
+) -> float:
+    """lambda = sum_k mu_k - beta sqrt(n) for the drawn speeds, mu_k = s_k / mean work (docs/theory.md,
+    "The heterogeneous-JSQ model")."""
+    if any(c.discipline == "pool" for c in classes):
+        raise w.fail("beta", "beta sets the spare capacity of fcfs or ps nodes; pools have no capacity")
+    speeds = draw_speeds(seed, classes)
+    capacity = sum(speeds) / service.mean
+    rate = capacity - beta * math.sqrt(len(speeds))
+    if rate <= 0:
+        raise w.fail(
+            "beta",
+            f"beta = {beta:g} leaves no arrivals: beta sqrt(n) = {beta * math.sqrt(len(speeds)):.4g} is at "
+            f"least the {capacity:.4g} tasks per second the drawn speeds serve",
+        )
+    return rate
+
+
+def _check_size(rr: TableReader, n: int, rate: float, run: RunSpec) -> None:
+    """Refuse a run longer or a simulation larger than any process can take (docs/spec.md, Limits)."""
+    arrivals = rate * (run.warmup + run.duration)
+    if arrivals > MAX_ARRIVALS:
+        longest = MAX_ARRIVALS / rate
+        raise rr.fail(
+            "duration" if run.duration >= run.warmup else "warmup",
+            f"warmup + duration = {run.warmup + run.duration:g} model s brings {arrivals:.3g} tasks at "
+            f"{rate:g} per model s: at most {MAX_ARRIVALS:.0e} ({longest:.4g} model s)",
+        )
+    need = n * NODE_BYTES + rate * run.duration * MEASURED_TASK_BYTES
+    if need > MAX_PROCESS_BYTES:
+        raise rr.fail(
+            "duration",
+            f"the simulation would hold {need / 2**30:.3g} GiB ({n:,} nodes, {rate * run.duration:.3g} "
+            f"measured tasks): at most {MAX_PROCESS_BYTES / 2**30:g} GiB per process",
+        )
+
+
+def sent_tasks_problem(exp: Experiment, model_seconds: float, what: str = "the load") -> str | None:
+    """Why a load generator cannot hold ``model_seconds`` of the spec's arrivals (the schedule and a record
+    of each answer), or None; for ``lbt load`` and ``lbt run`` before anything starts."""
+    tasks = exp.workload.arrival_rate * model_seconds
+    need = tasks * SENT_TASK_BYTES
+    if need <= MAX_PROCESS_BYTES:
+        return None
+    most = MAX_PROCESS_BYTES / SENT_TASK_BYTES / exp.workload.arrival_rate
+    return (
+        f"{exp.source}: {what} of {model_seconds:g} model s sends {tasks:.3g} tasks, which the generator "
+        f"would hold in {need / 2**30:.3g} GiB: at most {MAX_PROCESS_BYTES / 2**30:g} GiB per process "
+        f"({most:.4g} model s at this rate)"
+    )
+
+
+def _parse_faults(top: TableReader, spec: PolicyParams, n: int, run: RunSpec) -> tuple[Fault, ...]:
+    if not top.has("faults"):
+        return ()
+    raw = top.get("faults")
+    if not isinstance(raw, list):
+        raise top.fail("faults", "must be an array of [[faults]] tables")
+    policy = spec.name
+    one_way = tuple(k for k in spec.message_kinds() if k not in ("probe", "probe_reply"))
+    end = run.warmup + run.duration
+    faults: list[Fault] = []
+    for i, v in enumerate(raw):
+        if not isinstance(v, Mapping):
+            raise top.fail(f"faults[{i}]", "must be a table")
+        f = TableReader(top.source, v, f"faults[{i}]")
+        kind = f.string("kind", choices=FAULT_KINDS)
+        keys = {
+            "kill": ("node",),
+            "pause": ("node",),
+            "drop": ("fraction", "messages"),
+            "duplicate": ("fraction", "messages"),
+            "delay": ("delay", "messages"),
+            "restart_dispatcher": ("dispatcher",),
+            "slow": ("node", "speed"),
+            "fail": ("node", "fraction"),
+        }[kind]
+        f.check_keys(("kind", "at", "until", "settle", *keys))
+        at, until = f.number("at", positive=False), f.number("until")
+        # a restarted node starts empty, and the warm-up is what the spec allows to reach equilibrium
+        # from empty; a fault that builds a backlog (a long pause) may need more
+        settle = f.number("settle", run.warmup, positive=False)
+        if until <= at:
+            raise f.fail("until", f"must come after at ({at:g}), got {until:g}")
+        if until > end:
+            raise f.fail("until", f"must lie within the run (warmup + duration = {end:g}), got {until:g}")
+        fault = Fault(kind, at, until)
+        if kind in PROCESS_FAULTS:
+            fault = Fault(kind, at, until, node=f.integer("node", minimum=0, maximum=n - 1))
+        elif kind == "restart_dispatcher":
+            fault = Fault(kind, at, until, dispatcher=f.integer("dispatcher", default=0, minimum=0))
+        elif kind in GRAY_FAULTS:
+            node = f.integer("node", minimum=0, maximum=n - 1)
+            for j, other in enumerate(faults):
+                if other.kind == kind and other.node == node and at < other.until and other.at < until:
+                    raise f.fail("at", f"overlaps faults[{j}], another {kind} fault of node {node}")
+            if kind == "slow":
+                speed = f.number("speed")
+                if speed >= 1:
+                    raise f.fail(
+                        "speed", f"a slow node serves at a fraction of its speed: in (0, 1), got {speed:g}"
+                    )
+                fault = Fault(kind, at, until, node=node, speed=speed)
+            else:
+                fraction = f.number("fraction")
+                if fraction > 1:
+                    raise f.fail("fraction", f"must lie in (0, 1], got {fraction:g}")
+                fault = Fault(kind, at, until, node=node, fraction=fraction)
+        else:
+            if not one_way:
+                raise f.fail("kind", f"{policy} sends no state messages to {kind}")
+            kinds = f.get("messages", list(one_way))
+            if not isinstance(kinds, list) or not kinds or not all(isinstance(k, str) for k in kinds):
+                raise f.fail("messages", "must be a non-empty array of message kinds")
+            for j, k in enumerate(kinds):
+                if k not in one_way:
+                    raise f.fail(
+                        f"messages[{j}]",
+                        f"{policy} sends no {k!r} messages that a fault can hit (one-way kinds: "
+                        f"{', '.join(one_way)}; probes are answered on the same connection)",
+                    )
+            fraction = 1.0
+            if kind != "delay":
+                fraction = f.number("fraction")
+                if fraction > 1:
+                    raise f.fail("fraction", f"must lie in (0, 1], got {fraction:g}")
+            delay = _parse_size(f, "delay") if kind == "delay" else None
+            fault = Fault(kind, at, until, fraction=fraction, messages=tuple(kinds), delay=delay)
+        faults.append(dataclasses.replace(fault, settle=settle))
+    return tuple(faults)
+
+
+# ------------------------------------------------------------------------------------------- overrides
+
+
+def apply_overrides(
+    data: dict[str, Any], overrides: Iterable[str], source: str, policies: PolicyLibrary
+) -> dict[str, Any]:
+    """Apply ``key.path=value`` overrides (``classes[0].count=10``, ``policy.name=jiq``) to a document."""
+    for item in overrides:
+        if "=" not in item:
+            raise SpecError(source, item, "an override reads key.path=value")
+        path, _, text = item.partition("=")
+        if not [p for p in re.split(r"\.|\[(\d+)\]", path.strip()) if p]:
+            raise SpecError(source, item, "an override needs a key path before '='")
+        try:
+            value: Any = tomllib.loads(f"v = {text}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = text  # bare words are strings: policy.name=jiq
+        parts = [p for p in re.split(r"\.|\[(\d+)\]", path.strip()) if p]
+        node: Any = data
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            key: Any = int(part) if part.isdigit() else part
+            if isinstance(node, list):
+                if not isinstance(key, int) or key >= len(node):
+                    raise SpecError(source, path, f"no list element {part}")
+            elif isinstance(node, dict):
+                if not last and key not in node:
+                    node[key] = {}
+            else:
+                raise SpecError(source, path, f"{'.'.join(parts[:i])} is not a table")
+            if last:
+                node[key] = value
+            else:
+                node = node[key]
+        if parts == ["policy", "name"] and isinstance(value, str) and value in policies.names():
+            # switching policy drops the old one's parameters that the new one does not take, so that
+            # a sweep over policies needs no per-policy file; the new policy's own defaults apply
+            table = data["policy"]
+            keep = ("name", *COMMON_POLICY_KEYS, *policies.params(value).KEYS)
+            for k in [k for k in table if k not in keep]:
+                del table[k]
+    return data
+
+
+# ----------------------------------------------------------------------------------------- the document
+
+TOP_KEYS = ("name", "description", "seed", "classes", "workload", "policy", "run", "network", "faults",
+            "health", "nodes")  # fmt: skip
+
+
+def read_experiment(data: Mapping[str, Any], source: str, policies: PolicyLibrary) -> Experiment:
+    """Validate a decoded TOML document and build the experiment; the ``[policy]`` table goes to the
+    parameter class ``policies`` holds for its name."""
+    top = TableReader(source, data, "")
+    top.check_keys(TOP_KEYS)
+    name = top.string("name")
+    if top.has("description"):
+        top.string("description")
+    seed = top.integer("seed", default=0, minimum=0)
+    classes = _read_classes(top)
+    n = sum(c.count for c in classes)
+    workload = _read_workload(top, seed, classes, n)
+    policy = read_policy(top.sub("policy"), classes, policies)
+    _check_weights(top, classes, policy)
+    run = _read_run(top.sub("run"), n, workload.arrival_rate)
+    faults = _parse_faults(top, policy, n, run)
+    exp = Experiment(
+        name,
+        seed,
+        tuple(classes),
+        workload,
+        policy,
+        run,
+        _read_network(top),
+        source,
+        data,
+        faults,
+        _read_health(top),
+        nodes=_parse_nodes(top, n),
+    )
+    _check_speeds_over_time(top, exp)
+    _check_stability(exp, top)
+    policy.check(exp, top)
+    for i, c in enumerate(classes):
+        if c.utility is not None and c.discipline != "pool":
+            raise top.fail(f"classes[{i}].utility", f"utilities belong to pool classes, not {c.discipline!r}")
+    return exp
+
+
+def _read_classes(top: TableReader) -> list[NodeClass]:
+    raw_classes = top.require("classes")
+    if not isinstance(raw_classes, list) or not raw_classes:
+        raise top.fail("classes", "must be an array of one or more [[classes]] tables")
+    classes: list[NodeClass] = []
+    for i, c in enumerate(raw_classes):
+        if not isinstance(c, Mapping):
+            raise top.fail(f"classes[{i}]", "must be a table")
+        classes.append(_parse_class(TableReader(top.source, c, f"classes[{i}]")))
+    names = [c.name for c in classes]
+    for i, nm in enumerate(names):
+        if nm in names[:i]:
+            raise top.fail(f"classes[{i}].name", f"duplicate class name {nm!r}")
+    n = sum(c.count for c in classes)
+    if n > MAX_NODES:
+        raise top.fail("classes", f"{n:,} nodes in all: at most {MAX_NODES:,} (docs/spec.md, Limits)")
+    return classes
+
+
+def _read_workload(top: TableReader, seed: int, classes: Sequence[NodeClass], n: int) -> Workload:
+    w = top.sub("workload")
+    w.check_keys(("load", "arrival_rate", "beta", "service"))
+    service = _parse_size(w, "service") if w.has("service") else SizeDistribution.of("exponential", 1.0)
+    given = [k for k in ("load", "arrival_rate", "beta") if w.has(k)]
+    if len(given) != 1:
+        raise w.fail(
+            "load",
+            "give exactly one of load (per node), arrival_rate (total per second) and beta (the Halfin-Whitt "
+            "spare capacity)",
+        )
+    beta = None
+    if given[0] == "load":
+        load = w.number("load")
+        rate = load * n / service.mean
+    elif given[0] == "arrival_rate":
+        rate = w.number("arrival_rate")
+        load = rate * service.mean / n
+    else:
+        beta = w.number("beta")
+        rate = _halfin_whitt_rate(w, seed, classes, service, beta)
+        load = rate * service.mean / n
+    return Workload(arrival_rate=rate, load=load, service=service, beta=beta, given=given[0])
+
+
+def read_policy(p: TableReader, classes: Sequence[NodeClass], policies: PolicyLibrary) -> PolicyParams:
+    """The ``[policy]`` table: the keys every policy takes, then the named policy's own."""
+    name = p.string("name", choices=policies.names())
+    params = policies.params(name)
+    p.check_keys(("name", *COMMON_POLICY_KEYS, *params.KEYS))
+    common = {
+        "name": policies.canonical(name),
+        "dispatchers": p.integer("dispatchers", default=1, minimum=1, maximum=MAX_DISPATCHERS),
+        "split": p.string("split", default="random", choices=SPLITS),
+    }
+    if "view" in params.KEYS:
+        common["view"] = p.string("view", default="local", choices=VIEWS)
+    return params.read(p, common, classes)
+
+
+def _check_weights(top: TableReader, classes: Sequence[NodeClass], policy: PolicyParams) -> None:
+    """A class weight is read by a policy that weighs its nodes by class, and refused elsewhere: a user
+    who writes it expects it to act."""
+    if policy.reads_class_weights():
+        return
+    for i, c in enumerate(classes):
+        if c.weight is not None:
+            raise top.fail(
+                f"classes[{i}].weight",
+                'only least_request with weights = "class" reads a class weight '
+                "(Envoy's load_balancing_weight)",
+            )
+
+
+def _read_run(rr: TableReader, n: int, rate: float) -> RunSpec:
+    rr.check_keys(("warmup", "duration", "time_scale", "batches"))
+    duration = rr.number("duration")
+    auto = rr.get("time_scale") == "auto"
+    if isinstance(rr.get("time_scale"), str) and not auto:
+        raise rr.fail("time_scale", f'must be a positive number or "auto", got {show(rr.get("time_scale"))}')
+    run = RunSpec(
+        warmup=rr.number("warmup", default=duration / 10, positive=False),
+        duration=duration,
+        time_scale=1.0 if auto else rr.number("time_scale", default=1.0),
+        batches=rr.integer("batches", default=20, minimum=2),
+        auto_time_scale=auto,
+    )
+    _check_size(rr, n, rate, run)
+    return run
+
+
+def _read_network(top: TableReader) -> NetworkSpec:
+    if not top.has("network"):
+        return NetworkSpec()
+    nw = top.sub("network")
+    nw.check_keys(("delay", "forward_tasks"))
+    delay = None
+    if nw.has("delay"):
+        v = nw.get("delay")
+        zero = isinstance(v, int | float) and not isinstance(v, bool) and v == 0
+        delay = None if zero else _parse_size(nw, "delay")
+    return NetworkSpec(delay=delay, forward_tasks=nw.boolean("forward_tasks", False))
+
+
+def _read_health(top: TableReader) -> HealthSpec:
+    if not top.has("health"):
+        return HealthSpec()
+    h = top.sub("health")
+    h.check_keys([f.name for f in dataclasses.fields(HealthSpec)])
+    max_ejection = h.number("max_ejection", 0.5, positive=False)
+    if max_ejection > 1:
+        raise h.fail("max_ejection", f"must lie in [0, 1], got {max_ejection:g}")
+    slow_share = h.number("slow_share", 0.5, positive=False)
+    if slow_share >= 1:
+        raise h.fail("slow_share", f"must lie in [0, 1) (0: no ejection for slowness), got {slow_share:g}")
+    return HealthSpec(
+        h.number("heartbeat", 0.2),
+        h.number("timeout", 1.0),
+        max_ejection,
+        h.integer("consecutive_failures", default=5, minimum=1),
+        h.number("outlier_interval", 1.0),
+        h.integer("outlier_min_tasks", default=5, minimum=1),
+        slow_share,
+        h.number("ejection_time", 5.0),
+    )
+
+
+def _check_stability(exp: Experiment, top: TableReader) -> None:
+    """Refuse loads that no policy can carry on ps/fcfs nodes (a policy that cannot carry what another
+    could refuses it in its own ``check``)."""
+    queued = [k for k in range(exp.n) if exp.classes[exp.node_class[k]].discipline != "pool"]
+    if len(queued) < exp.n:
+        return  # with a pool (infinite capacity) somewhere, some policy can always keep the system stable
+    speeds = long_run_speeds(exp)
+    capacity = sum(speeds)
+    if exp.work_rate >= capacity:
+        raise top.fail(
+            "workload",
+            f"unstable: work arrives at {exp.work_rate:.4g}/s but the nodes serve at most "
+            f"{capacity:.4g}/s{over_time_note(exp)} (load must stay below the mean speed "
+            f"{capacity / exp.n:.4g})",
+        )
+
+
+def varies_over_time(exp: Experiment) -> bool:
+    return bool(exp.nodes) or any(c.speed_schedule or c.antagonist for c in exp.classes)
+
+
+def long_run_speeds(exp: Experiment) -> Sequence[float]:
+    """Every node's speed in the long run: with schedules and antagonists, the speeds they leave
+    (docs/spec.md, Speed over time)."""
+    if varies_over_time(exp):
+        return [exp.long_run_speed(k) for k in range(exp.n)]
+    return exp.node_speeds
+
+
+def over_time_note(exp: Experiment) -> str:
+    """The words a stability error adds when the speeds vary over time."""
+    if varies_over_time(exp):
+        return " in the long run (schedules' last levels, antagonists' mean factors)"
+    return ""
+
+
+def read_document(path: str | Path) -> dict[str, Any]:
+    """A spec file's TOML document (or its JSON form, ``model.document``, in a ``.json`` file), or
+    SpecError: cannot read it, not UTF-8, not TOML (or JSON)."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise SpecError(source, "", f"cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise SpecError(source, "", f"not UTF-8 text: {e.reason} at byte {e.start}") from None
+    if source.endswith(".json"):
+        try:
+            data = json.loads(text)
+        except ValueError as e:
+            raise SpecError(source, "", f"not valid JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise SpecError(source, "", "a spec document in JSON is an object")
+        return data
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise SpecError(source, "", f"not valid TOML: {e}") from None
