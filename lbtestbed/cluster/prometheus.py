@@ -141,7 +141,7 @@ def constant_rules(exp: Experiment, name: str) -> dict[str, Any]:
         elif isinstance(entry, dict):
             values.append((f"lbtestbed:predicted:{metric}", entry.get("value"), base))
     values.append(("lbtestbed:predicted:utility_bound", result.get("bounds", {}).get("utility_upper"), base))
-    for learned in CATALOG.learned():  # the value a learned quantity should settle at (SLTA's r*)
+    for learned in CATALOG.learned():  # the value a learned quantity should settle at
         values.append(
             (f"lbtestbed:predicted:{learned.name}_star", result["metrics"][learned.name]["value"], base)
         )

@@ -47,7 +47,7 @@ from lbtestbed.policies import policy_of
 from lbtestbed.transport.cluster_file import ClusterError, ClusterFile
 
 Say = Callable[[str], None]
-#: wall seconds between samples of SLTA's r for its time series
+#: wall seconds between samples of what the policy learns (unit.Learned), for its time series
 R_SAMPLE_WALL = 0.1
 #: wall seconds given to the processes between the health check and the first task
 LEAD_IN = 0.3

@@ -55,7 +55,7 @@ class Utility:
 
 
 class XLogUtility(Utility):
-    """u(x) = x ln(r / x), u(0) = 0: x tasks sharing a resource r (Table 1 of the JLMU/SLTA paper)."""
+    """u(x) = x ln(r / x), u(0) = 0: x tasks sharing a resource r (Goldsztajn et al. 2021, arXiv 2112.08958, Table 1)."""
 
     __slots__ = ("r",)
 

@@ -10,7 +10,7 @@ cannot.
 
 Positive quantities whose effect is relative (sojourn times, tasks, messages per task) are compared on
 the log scale: the per-batch log ratio, whose mean exp()-1 is the relative gap. The others (fractions,
-utility, SLTA's index) are compared by their per-batch difference.
+utility, a learned index) are compared by their per-batch difference.
 
 Two runs that made the very same decisions (a twin that replayed every one) still sum their integrals in
 another order, so their batch values can differ in the last digits. A per-batch gap within ``ROUNDING`` of

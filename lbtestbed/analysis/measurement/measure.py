@@ -3,10 +3,10 @@
 The snapshots are taken at the batch boundaries of the measured window, so every ratio the simulator estimates
 by batch means has its cluster counterpart batch by batch: time averages from the increase of the nodes'
 integral counters over the increase of their processes' model clocks (exact: docs/design.md, principle 5),
-messages per task from the increase of the per-kind counters over the dispatchers' decisions, SLTA's r from
-the dispatcher's integral of r. Sojourn times come from the load generator's per-task records, batched by
-intended arrival time, as the simulator batches its tasks. ``summarize`` then turns it into the same result
-object as a simulation.
+messages per task from the increase of the per-kind counters over the dispatchers' decisions, what the policy
+learns from the dispatchers' integral of it. Sojourn times come from the load generator's per-task records,
+batched by intended arrival time, as the simulator batches its tasks. ``summarize`` then turns it into the
+same result object as a simulation.
 """
 
 from __future__ import annotations

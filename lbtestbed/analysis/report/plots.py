@@ -245,7 +245,7 @@ def learned(
     *,
     run: str,
 ) -> Path | None:
-    """What the policy learns (``what``: SLTA's index r) over model time: the cluster's sampled gauge, the
+    """What the policy learns (``what``, a ``unit.Learned``) over model time: the cluster's sampled gauge, the
     simulator's path and the theory's value; ``<name>.png``."""
     if not cluster_series and (sim is None or not sim.r_series):
         return None

@@ -17,7 +17,7 @@ class RawRun:
     sojourns: list[list[float]] = field(default_factory=list)  # per batch, by arrival batch
     r_time: dict[int | float, float] = field(
         default_factory=dict
-    )  # SLTA: seconds at each r (several: their mean)
+    )  # model seconds at each value of what the policy learns (several: their mean)
     r_series: list[tuple[float, int | float]] = field(default_factory=list)
     decisions: dict[str, int] = field(default_factory=dict)
     message_kinds: tuple[str, ...] = ()
