@@ -575,7 +575,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         print(terminal(rep))
         print(f"report: {directory / 'report.md'} (results.json and {len(files) - 2} plots beside it)")
-    return EXIT_OK if rep.agrees else EXIT_FAILED
+    return EXIT_OK if rep.passed else EXIT_FAILED
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:

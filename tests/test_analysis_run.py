@@ -685,7 +685,7 @@ def pool_snapshots(
     wall = [100.0]
     monkeypatch.setattr(dispatcher_module, "time", types.SimpleNamespace(monotonic=lambda: wall[0]))
     disp = DispatcherHost(exp, 0, 1, ["http://127.0.0.1:9"] * exp.n, "token")
-    assert disp.slta is not None and disp.slta.r == 1
+    assert disp.learned is not None and disp.policy.r == 1  # type: ignore[attr-defined]
     host = node_host(exp, [0, 1], idle_loop)
     driven = [
         Driven(host.models[0], [(1.0, 2.0), (2.0, 3.0), (4.0, 0.5)]),
@@ -707,7 +707,7 @@ def pool_snapshots(
         for when, r, accepted in changes:
             at_dispatcher(when)
             if r is not None:
-                disp.slta.r = r
+                disp.policy.r = r  # type: ignore[attr-defined]
                 disp.track_r()
             if accepted:
                 disp.present.add(accepted, wall[0])

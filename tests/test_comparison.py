@@ -234,3 +234,51 @@ def test_identical_batches_summed_in_another_order_agree(metric: str, value: flo
     assert same.paired and same.agrees is True and same.distance == 0.0
     gap = verdict(base * (1 + 1e-6))
     assert gap.agrees is False
+
+
+def test_a_divergence_confined_to_one_batch_is_seen() -> None:
+    """One batch of twenty 30 % slower (a stall the twin did not see): the mean moves by 1.5 % and its
+    interval widens as much, so the mean's test alone cannot tell; the batch stands apart (Grubbs)."""
+    rng = np.random.default_rng(11)
+    b = 20
+    shared = workload_like(rng, b)
+    sim = shared * (1 + 0.004 * rng.standard_normal(b))
+    clu = shared * (1 + 0.004 * rng.standard_normal(b))
+    clu[7] *= 1.3
+    exp = experiment()
+    a, s = run_with({"mean_sojourn": clu}, [[1.0]] * b), run_with({"mean_sojourn": sim}, [[1.0]] * b)
+    v = next(
+        v
+        for v in compare(Side(summarize(exp, [a], "cluster"), a), Side(summarize(exp, [s]), s))
+        if v.metric == "mean_sojourn"
+    )
+    d = np.log(clu / sim)
+    se = d.std(ddof=1) / math.sqrt(b)
+    t_mean = abs(d.mean()) / se
+    assert t_mean < stats.t.ppf(0.975, b - 1)  # the mean's test alone agrees
+    # Grubbs by hand: G, its t on b - 2 degrees of freedom, Bonferroni over the b batches, two-sided
+    g = np.abs(d - d.mean()).max() / d.std(ddof=1)
+    t = math.sqrt(b * (b - 2) * g * g / ((b - 1) ** 2 - b * g * g))
+    p_out = min(1.0, 2 * b * stats.t.sf(t, b - 2))
+    p_mean = 2 * stats.t.sf(t_mean, b - 1)
+    assert v.own_p == pytest.approx(min(1.0, 2 * min(p_mean, p_out)), rel=1e-6)
+    assert p_out < 0.025 and v.agrees is False
+    assert v.outlier_batch == 7 and "batch 7" in v.word
+
+
+def test_agreeing_batches_disagree_no_more_often_than_the_level() -> None:
+    """The two tests share the 5 %: over many pairs of runs that differ only by noise, about 5 % or fewer
+    disagree (a binomial 3-sigma bound over 4,000 pairs; seeded)."""
+    from lbtestbed.analysis.comparison import paired
+
+    rng = np.random.default_rng(2024)
+    trials, b, level = 4000, 20, 0.05
+    rejected = 0
+    for _ in range(trials):
+        shared = workload_like(rng, b)
+        x = {i: float(v) for i, v in enumerate(shared * (1 + 0.01 * rng.standard_normal(b)))}
+        y = {i: float(v) for i, v in enumerate(shared * (1 + 0.01 * rng.standard_normal(b)))}
+        p = paired.pair(x, y, log_scale=True)
+        assert p is not None and p.p() is not None
+        rejected += p.p() <= level
+    assert rejected / trials <= level + 3 * math.sqrt(level * (1 - level) / trials)

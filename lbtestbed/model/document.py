@@ -40,6 +40,7 @@ def document(exp: Experiment) -> dict[str, Any]:
             "duration": run.duration,
             "time_scale": run.time_scale,
             "batches": run.batches,
+            "tolerance": "off" if run.tolerance is None else run.tolerance,
         },
         "health": dataclasses.asdict(exp.health),
     }

@@ -133,6 +133,10 @@ class RunSpec:
     # time_scale = "auto": lbt run (and lbt cluster up) pick it for the machine before anything starts
     # (docs/run.md, "Before it starts"); time_scale then holds 1.0 until they do
     auto_time_scale: bool = False
+    # how far the emulation's own delays may move the policy's numbers for the run to be representative of
+    # the model (relative; probability points for the wait probability); None: not checked (docs/run.md,
+    # "Two answers")
+    tolerance: float | None = 0.05
 
 
 @dataclass(frozen=True)

@@ -544,7 +544,7 @@ def _check_weights(top: TableReader, classes: Sequence[NodeClass], policy: Polic
 
 
 def _read_run(rr: TableReader, n: int, rate: float) -> RunSpec:
-    rr.check_keys(("warmup", "duration", "time_scale", "batches"))
+    rr.check_keys(("warmup", "duration", "time_scale", "batches", "tolerance"))
     duration = rr.number("duration")
     auto = rr.get("time_scale") == "auto"
     if isinstance(rr.get("time_scale"), str) and not auto:
@@ -555,9 +555,21 @@ def _read_run(rr: TableReader, n: int, rate: float) -> RunSpec:
         time_scale=1.0 if auto else rr.number("time_scale", default=1.0),
         batches=rr.integer("batches", default=20, minimum=2),
         auto_time_scale=auto,
+        tolerance=_read_tolerance(rr),
     )
     _check_size(rr, n, rate, run)
     return run
+
+
+def _read_tolerance(rr: TableReader) -> float | None:
+    """``run.tolerance``: a share in (0, 1] (default 0.05), or "off"."""
+    v = rr.get("tolerance", RunSpec.tolerance)
+    if v == "off":
+        return None
+    tolerance = rr.as_number("tolerance", v) if not isinstance(v, str) else math.nan
+    if isinstance(v, str) or tolerance > 1:
+        raise rr.fail("tolerance", f'must be a share in (0, 1] or "off", got {show(v)}')
+    return tolerance
 
 
 def _read_network(top: TableReader) -> NetworkSpec:

@@ -55,7 +55,8 @@ class Utility:
 
 
 class XLogUtility(Utility):
-    """u(x) = x ln(r / x), u(0) = 0: x tasks sharing a resource r (Goldsztajn et al. 2021, arXiv 2112.08958, Table 1)."""
+    """u(x) = x ln(r / x), u(0) = 0: x tasks sharing a resource r (Goldsztajn et al. 2021, arXiv
+    2112.08958, Table 1)."""
 
     __slots__ = ("r",)
 

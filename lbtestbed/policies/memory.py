@@ -108,8 +108,8 @@ class PowerOfDMemory(Policy):
         probes = d + m * (1 - d / n)
         return MessageCost(
             2.0 * probes,
-            f"2 (d + m (1 - d/n)) = {2 * probes:.4g}: the d sampled and the m remembered nodes not among them, "
-            "each a probe and a reply",
+            f"2 (d + m (1 - d/n)) = {2 * probes:.4g}: the d sampled and the m remembered nodes not among "
+            "them, each a probe and a reply",
             SENDS,
             ("the memory full (from the second task on when m <= d)",),
             probes=probes,

@@ -56,7 +56,9 @@ class PowerOfDParams(PolicyParams):
         d, replace = _read_d(r, classes)
         tie_break = r.string("tie_break", default="random", choices=JSQ_TIE_BREAKS)
         if tie_break not in TIE_BREAKS:
-            raise r.fail("tie_break", "power_of_d breaks ties among sampled nodes by random, fastest or slowest")
+            raise r.fail(
+                "tie_break", "power_of_d breaks ties among sampled nodes by random, fastest or slowest"
+            )
         return cls(**common, d=d, replace=replace, tie_break=tie_break)
 
     def message_kinds(self) -> tuple[str, ...]:

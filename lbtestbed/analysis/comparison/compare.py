@@ -76,6 +76,11 @@ class Verdict:
     df: float | None = None  # degrees of freedom of the interval that decided
     p: float | None = None  # two-sided p-value of the row (a tail's: Bonferroni over its points)
     points: int = 1  # occupancy tails: the points compared
+    # a paired comparison's own p-value (its mean's and its outlier batch's tests, paired.Paired.p), and
+    # the batch that stood apart when that test is what rejects
+    own_p: float | None = None
+    outlier_batch: int | None = None
+    outlier_gap: float | None = None
 
     @property
     def word(self) -> str:
@@ -83,6 +88,8 @@ class Verdict:
             return "-"
         if self.agrees:
             return "agrees"
+        if self.outlier_batch is not None:
+            return f"disagrees (batch {self.outlier_batch} apart)"
         return f"disagrees ({self.distance:.1f} se)" if self.distance is not None else "disagrees"
 
     def to_json(self) -> dict[str, Any]:
@@ -272,10 +279,21 @@ def compare_paired_scalar(
         v.why = f"{p.pairs} paired batch: no interval"
         return v
     _fill_paired(v, p)
-    v.agrees = abs(p.mean) <= (p.ci95 or 0.0)
     v.distance = p.distance()
+    v.own_p = p.p()
+    v.agrees = v.own_p is None or v.own_p > 0.05
     v.why = f"paired over {p.pairs} batches ({p.scale.replace('_', ' ')})"
+    if p.outlier is not None:
+        gap = _batch_gap(p.scale, p.outlier_gap)
+        v.why += f"; batch {p.outlier} furthest apart ({gap}, Grubbs p = {p.outlier_p:.2g})"
+        if p.outlier_decides():
+            v.outlier_batch, v.outlier_gap = p.outlier, p.outlier_gap
     return v
+
+
+def _batch_gap(scale: str, gap: float) -> str:
+    """One batch's gap in words: relative on the log scale, else the difference."""
+    return f"{100 * math.expm1(gap):+.2g}%" if scale == "log_ratio" else f"{gap:+.3g}"
 
 
 def _fill_paired(v: Verdict, p: paired.Paired) -> None:
@@ -391,8 +409,11 @@ def compare(measured: Side, expected: Side, counts: bool = True) -> list[Verdict
 
 
 def p_value(v: Verdict) -> float | None:
-    """The row's two-sided p-value from its distance and degrees of freedom (a tail's worst point, times
-    the number of its points: Bonferroni within the tail)."""
+    """The row's two-sided p-value: a paired scalar's own (its mean's and its outlier batch's tests), else
+    from its distance and degrees of freedom (a tail's worst point, times the number of its points:
+    Bonferroni within the tail)."""
+    if v.own_p is not None:
+        return v.own_p
     if v.agrees is None or v.distance is None:
         return None
     if math.isinf(v.distance):

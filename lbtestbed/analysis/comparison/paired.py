@@ -12,6 +12,14 @@ Positive quantities whose effect is relative (sojourn times, tasks, messages per
 the log scale: the per-batch log ratio, whose mean exp()-1 is the relative gap. The others (fractions,
 utility, a learned index) are compared by their per-batch difference.
 
+A divergence confined to one batch of B (a stall, a burst of lost state) moves the mean by 1/B of itself and
+widens its interval as much: the mean's test barely sees it however large it is. Each comparison therefore
+also asks whether one batch stands apart from the others (Grubbs' test for one outlier among the per-batch
+gaps, exact for normal gaps: G = max |d_b - mean| / s, referred to the t distribution on B - 2 degrees of
+freedom, two-sided, Bonferroni over the B batches). The two tests share the comparison's 5 % (each at
+2.5 %: Bonferroni), so a run that agrees is no more likely to disagree than before, and a lone batch that
+diverges by a multiple of the others' spread is seen (``tests/test_comparison.py``).
+
 Two runs that made the very same decisions (a twin that replayed every one) still sum their integrals in
 another order, so their batch values can differ in the last digits. A per-batch gap within ``ROUNDING`` of
 the values' size is that rounding, not a gap, and counts as 0: otherwise identical batches whose
@@ -49,13 +57,38 @@ ROUNDING = 1e-9
 
 @dataclass(frozen=True)
 class Paired:
-    """The mean over paired batches of a per-batch difference (or log ratio), with its t interval."""
+    """The mean over paired batches of a per-batch difference (or log ratio), with its t interval, and the
+    batch that stands furthest from the others with Grubbs' p-value for it (module docstring)."""
 
     scale: str  # "difference" or "log_ratio"
     mean: float
     se: float | None  # None with fewer than two pairs
     df: int
     pairs: int
+    outlier: int | None = None  # the window position of the batch furthest from the mean (3 pairs or more)
+    outlier_gap: float = 0.0  # its own per-batch difference (or log ratio)
+    outlier_p: float | None = None  # Grubbs' two-sided p-value for it (None: fewer than 3 pairs)
+
+    def mean_p(self) -> float | None:
+        """The two-sided p-value of the mean's t test (None without an interval)."""
+        if self.se is None:
+            return None
+        d = self.distance()
+        if math.isinf(d):
+            return 0.0
+        from scipy import special
+
+        return min(1.0, 2.0 * float(special.stdtr(self.df, -d)))
+
+    def p(self) -> float | None:
+        """The comparison's p-value: the smaller of the mean's and the outlier's, Bonferroni over the two."""
+        ps = [p for p in (self.mean_p(), self.outlier_p) if p is not None]
+        return min(1.0, len(ps) * min(ps)) if ps else None
+
+    def outlier_decides(self, level: float = 0.05) -> bool:
+        """Whether the outlier test, not the mean's, rejects at ``level`` (each test at half of it)."""
+        mp, op = self.mean_p(), self.outlier_p
+        return op is not None and op <= level / 2 and (mp is None or mp > level / 2)
 
     @property
     def ci95(self) -> float | None:
@@ -126,7 +159,32 @@ def pair(a: dict[int, float], b: dict[int, float], log_scale: bool) -> Paired | 
     d[np.abs(d) <= ROUNDING * size] = 0.0
     n = len(d)
     se = float(d.std(ddof=1)) / math.sqrt(n) if n >= 2 else None
-    return Paired(scale, float(d.mean()), se, max(n - 1, 0), n)
+    worst, gap, p = grubbs(d)
+    return Paired(
+        scale, float(d.mean()), se, max(n - 1, 0), n, None if worst is None else common[worst], gap, p
+    )
+
+
+def grubbs(d: np.ndarray) -> tuple[int | None, float, float | None]:
+    """The index of the value furthest from the mean, the value, and Grubbs' two-sided p-value that it is an
+    outlier among normal values (None with fewer than 3): G = max |d - mean| / s; with
+    t^2 = n (n - 2) G^2 / ((n - 1)^2 - n G^2), p = min(1, 2 n P(T_{n-2} > t))."""
+    n = len(d)
+    if n < 3:
+        return None, 0.0, None
+    dev = np.abs(d - d.mean())
+    worst = int(dev.argmax())
+    sd = float(d.std(ddof=1))
+    if sd == 0.0:
+        return worst, float(d[worst]), 1.0
+    g = float(dev[worst]) / sd
+    room = (n - 1) ** 2 - n * g * g
+    if room <= 0:  # G at its largest possible value, (n - 1) / sqrt(n): every other value equal
+        return worst, float(d[worst]), 0.0
+    from scipy import special
+
+    t = math.sqrt(n * (n - 2) * g * g / room)
+    return worst, float(d[worst]), min(1.0, 2.0 * n * float(special.stdtr(n - 2, -t)))
 
 
 def paired_metric(a: RawRun, b: RawRun, metric: str) -> Paired | None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from lbtestbed.analysis.comparison import paired
 from lbtestbed.analysis.comparison.compare import SCALARS, Side, Verdict, compare, holm, run_agrees
+from lbtestbed.analysis.comparison.representative import Representative, judge
 from lbtestbed.analysis.report import plots
 from lbtestbed.analysis.results.raw import RawRun
 from lbtestbed.analysis.results.regime import describe
@@ -50,10 +51,19 @@ class RunReport:
     context: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     twin: Result | None = None  # the simulation of the system that ran (the cluster's measured delays)
+    # the second answer: whether the emulation's delays moved the policy's numbers beyond the tolerance
+    representative: Representative | None = None
 
     @property
     def agrees(self) -> bool:
+        """The first answer: the emulation is faithful (the comparisons that decide agree)."""
         return run_agrees(self.verdicts)
+
+    @property
+    def passed(self) -> bool:
+        """Both answers hold: faithful, and representative unless that was not judged (no twin, no
+        simulation, or ``run.tolerance = "off"``): the run's exit code is 0 only then."""
+        return self.agrees and (self.representative is None or self.representative.holds is not False)
 
     def verdict(self, metric: str, reference: str = "simulation", subject: str = "cluster") -> Verdict | None:
         return next(
@@ -71,6 +81,8 @@ class RunReport:
             "name": self.exp.name,
             "policy": self.exp.policy.name,
             "agrees": self.agrees,
+            "passed": self.passed,
+            "representative": None if self.representative is None else self.representative.to_json(),
             "results": {r.source: r.to_json() for r in sources if r is not None},
             "comparison": [v.to_json() for v in self.verdicts],
             "warnings": self.warnings,
@@ -111,6 +123,7 @@ def build(
         else:
             verdicts += compare(cluster, Side(theory), counts=True)
     holm(verdicts)
+    judged = twin is not None and simulation is not None
     return RunReport(
         exp,
         cluster.result,
@@ -120,6 +133,7 @@ def build(
         context,
         list(warnings),
         twin.result if twin else None,
+        judge(verdicts, exp.run.tolerance, exp.run.time_scale) if judged else None,
     )
 
 
@@ -318,8 +332,16 @@ def _counted_groups(counted: Sequence[Verdict]) -> str:
 
 
 def headline(rep: RunReport) -> str:
-    """The run's verdict, saying what it counted: a comparison is one metric (an occupancy tail is one,
-    over all its levels) between two sources; verdicts in brackets are for information only."""
+    """The run's two answers: whether it is faithful, saying what it counted (a comparison is one metric,
+    an occupancy tail one over all its levels, between two sources; verdicts in brackets are for
+    information only), and, where it was judged, whether it is representative."""
+    line = faithful_line(rep)
+    second = rep.representative.line() if rep.representative is not None else None
+    return f"{line}; {second}" if second else line
+
+
+def faithful_line(rep: RunReport) -> str:
+    """The first answer: the comparisons that decide, and whether they agree."""
     counted = [v for v in rep.verdicts if v.counts and v.agrees is not None]
     if not counted:
         return "NOTHING TO COMPARE: no metric has a reference that counts (no simulation, limit theory only)"
