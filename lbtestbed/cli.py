@@ -585,7 +585,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from lbtestbed.experiment.sweep import experiments, rows, sweep, write
 
     exp = load_spec(args.spec)  # the file itself first; every point is checked before the first runs
-    grid = experiments(args.spec, args.set)
+    grid = experiments(exp, args.set)
     say = _stages(args.quiet)
     if not args.simulate_only:  # every point is checked (and its time scale picked) before the first runs
         for i, (settings, point) in enumerate(grid):
