@@ -93,11 +93,6 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_cluster(args: argparse.Namespace) -> int:
-    actions = {"up": cmd_cluster_up, "status": cmd_cluster_status, "down": cmd_cluster_down}
-    return actions[args.action](args)
-
-
 def cmd_cluster_up(args: argparse.Namespace) -> int:
     if args.spec is None:
         return error("lbt cluster up needs a SPEC")

@@ -136,40 +136,71 @@ def _predict(sub: Commands) -> None:
 
 
 def _cluster(sub: Commands) -> None:
-    """``lbt cluster``."""
+    """``lbt cluster up``, ``status`` and ``down``: each action with its own options only."""
     clu = sub.add_parser(
         "cluster",
         help="start, inspect or stop a local cluster of dispatcher and node processes",
         description="lbt cluster up SPEC starts dispatcher(s) and server-node processes on loopback, waits "
-        "until all are healthy and writes the cluster file; status and down use that file.",
+        "until all are healthy and writes the cluster file; status and down use that file. Each action "
+        "has options of its own: lbt cluster up --help.",
     )
-    clu.add_argument("action", choices=("up", "status", "down"))
-    clu.add_argument("spec", nargs="?", help="experiment spec (TOML), for up")
-    _add_cluster_file(clu)
-    _add_processes(clu)
+    actions = clu.add_subparsers(dest="action", required=True)
+    _cluster_up(actions)
+    status = actions.add_parser(
+        "status",
+        help="every process of the cluster and whether it answers",
+        description="Every process of the cluster in the cluster file: role, index, URL, pid, and whether it "
+        "is healthy, running but not answering, or DEAD. Exit code 0 when every process is healthy, 1 "
+        "otherwise.",
+    )
+    _add_cluster_file(status)
+    status.add_argument("--json", action="store_true", help="print the processes as JSON")
+    status.set_defaults(func=commands.cmd_cluster_status)
+    down = actions.add_parser(
+        "down",
+        help="stop the cluster",
+        description="Stop every process of the cluster in the cluster file, its Prometheus server too "
+        "(SIGTERM, then SIGKILL after a grace period), and remove what it set up (network namespaces, "
+        "the cluster file).",
+    )
+    _add_cluster_file(down)
+    down.set_defaults(func=commands.cmd_cluster_down)
+
+
+def _cluster_up(actions: Commands) -> None:
+    """``lbt cluster up``."""
+    up = actions.add_parser(
+        "up",
+        help="start a cluster for a spec and write its cluster file",
+        description="Start dispatcher(s) and server-node processes for SPEC on loopback, wait until all "
+        "are healthy and write the cluster file that status, down, lbt load and lbt run --endpoints read.",
+    )
+    up.add_argument("spec", nargs="?", help="experiment spec (TOML), see docs/spec.md")
+    _add_cluster_file(up)
+    _add_processes(up)
     # the name this option had before lbt run's --node-processes: still accepted, no longer shown
-    clu.add_argument("--node-procs", dest="node_processes", type=at_least(1), help=argparse.SUPPRESS)
-    clu.add_argument(
+    up.add_argument("--node-procs", dest="node_processes", type=at_least(1), help=argparse.SUPPRESS)
+    up.add_argument(
         "--max-tasks",
         type=at_least(1),
         default=100_000,
         metavar="N",
         help="tasks a node holds before it refuses with 503 (default 100000)",
     )
-    clu.add_argument(
+    up.add_argument(
         "--with-prometheus",
         action="store_true",
         help="also start a Prometheus server that scrapes the cluster (needs the prometheus binary: "
         "make prometheus); down stops it",
     )
-    clu.add_argument(
+    up.add_argument(
         "--scrape-interval",
         type=float,
         default=1.0,
         metavar="SECONDS",
         help="Prometheus scrape and rule interval (default 1; 0.1 to 10)",
     )
-    clu.add_argument(
+    up.add_argument(
         "--prometheus-port",
         type=int,
         default=None,
@@ -177,12 +208,12 @@ def _cluster(sub: Commands) -> None:
         help="Prometheus port on 127.0.0.1 (default: 9090, deploy/grafana's datasource, when it is free, "
         "else a free one)",
     )
-    _add_overrides(clu)
-    _add_netns(clu)
-    _add_force(clu)
-    clu.add_argument("--json", action="store_true", help="print the processes as JSON")
-    clu.add_argument("--foreground", action="store_true", help="stay until Ctrl-C, then stop the cluster")
-    clu.set_defaults(func=commands.cmd_cluster)
+    _add_overrides(up)
+    _add_netns(up)
+    _add_force(up)
+    up.add_argument("--json", action="store_true", help="print the processes as JSON")
+    up.add_argument("--foreground", action="store_true", help="stay until Ctrl-C, then stop the cluster")
+    up.set_defaults(func=commands.cmd_cluster_up)
 
 
 def _load(sub: Commands) -> None:
@@ -376,7 +407,7 @@ def _sweep(sub: Commands) -> None:
 
 
 def _add_cluster_file(parser: argparse.ArgumentParser) -> None:
-    """``--file``, the cluster file of ``lbt cluster``."""
+    """``--file``, the same for every action of ``lbt cluster``."""
     parser.add_argument(
         "--file", default=".lbt/cluster.json", help="cluster file (default .lbt/cluster.json)"
     )
