@@ -4,7 +4,7 @@ The spec strategies start from real documents (files of ``examples/`` and one do
 the examples leave out) and apply one fault each, so that the key at fault is known: a value of a type that
 docs/spec.md does not allow, a value out of its documented range, a required key removed, an unknown key
 added, or text that is no longer TOML. The types and ranges below are transcribed from docs/spec.md, not read
-from lbtestbed/model/spec.py.
+from lbtestbed/spec.py and lbtestbed/model/reading.py.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ was created there: no cluster file, no report directory, no log.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -56,6 +57,16 @@ def lbt(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
         (["simulate", JIQ, "--set", "policy.split=sideways"], "policy.split"),
         (["simulate", JIQ, "--set", "policy.dispatchers=65"], "policy.dispatchers"),
         (["frobnicate"], "frobnicate"),
+        # each action of lbt cluster takes its own options only
+        (["cluster", "down", "--dispatchers", "3"], "--dispatchers"),
+        (["cluster", "down", "--with-prometheus"], "--with-prometheus"),
+        (["cluster", "down", "--json"], "--json"),
+        (["cluster", "status", "--node-processes", "2"], "--node-processes"),
+        (["cluster", "status", "--foreground"], "--foreground"),
+        (["cluster", "status", JIQ], JIQ),
+        (["cluster", "down", JIQ, "--file", "c.json"], JIQ),
+        (["cluster"], "action"),
+        (["cluster", "sideways"], "sideways"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line_and_start_nothing(
@@ -79,19 +90,75 @@ def test_version_is_the_package_version() -> None:
     assert done.stdout.strip() == f"lbt {version}"
 
 
-@pytest.mark.parametrize("command", ["simulate", "predict", "cluster", "load", "run", "sweep"])
+@pytest.mark.parametrize(
+    "command",
+    [
+        "simulate",
+        "predict",
+        "cluster",
+        "cluster up",
+        "cluster status",
+        "cluster down",
+        "load",
+        "run",
+        "sweep",
+    ],
+)
 def test_help_shows_no_format_escapes(command: str) -> None:
-    done = lbt(ROOT, command, "--help")
+    done = lbt(ROOT, *command.split(), "--help")
     assert done.returncode == 0
     assert "%%" not in done.stdout and "%(" not in done.stdout
 
 
 def test_the_cluster_flag_for_node_processes_is_named_as_in_run() -> None:
     """lbt cluster and lbt run name it the same; the old --node-procs still works but is not shown."""
-    cluster_help = lbt(ROOT, "cluster", "--help").stdout
+    cluster_help = lbt(ROOT, "cluster", "up", "--help").stdout
     run_help = lbt(ROOT, "run", "--help").stdout
     assert "--node-processes" in cluster_help and "--node-processes" in run_help
     assert "--node-procs" not in cluster_help
+
+
+SMALL = """name = "small"
+seed = 3
+[[classes]]
+name = "servers"
+count = 2
+discipline = "fcfs"
+[workload]
+load = 0.5
+service = { dist = "exponential", mean = 1.0 }
+[policy]
+name = "jiq"
+[run]
+warmup = 0.0
+duration = 5.0
+time_scale = 0.01
+"""
+
+
+def test_cluster_up_status_and_down_each_with_their_own_options(tmp_path: Path) -> None:
+    """The actions as subcommands: up takes the spec and the cluster's options, status --json, down only
+    the file; each answers as before (exit 0, the processes, the count stopped)."""
+    (tmp_path / "spec.toml").write_text(SMALL)
+    up = ["cluster", "up", "spec.toml", "--file", "c.json", "--node-processes", "1", "--dispatchers", "1"]
+    try:
+        started = lbt(tmp_path, *up, "--max-tasks", "10", "--json")
+        assert started.returncode == 0, started.stderr
+        processes = json.loads(started.stdout)["processes"]
+        assert sorted(p["role"] for p in processes) == ["dispatcher", "nodes"]
+        status = lbt(tmp_path, "cluster", "status", "--file", "c.json", "--json")
+        assert status.returncode == 0, status.stderr
+        shown = json.loads(status.stdout)
+        assert shown["file"] == "c.json"
+        assert [p["pid"] for p in shown["processes"]] == [p["pid"] for p in processes]
+        assert all(p["healthy"] for p in shown["processes"])
+    finally:
+        down = lbt(tmp_path, "cluster", "down", "--file", "c.json")
+    assert down.returncode == 0, down.stderr
+    assert down.stdout == "cluster down: stopped 2 process(es)\n"
+    assert not (tmp_path / "c.json").exists()
+    gone = lbt(tmp_path, "cluster", "status", "--file", "c.json")
+    assert gone.returncode == 1 and "no cluster file" in gone.stderr
 
 
 def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:

@@ -327,7 +327,7 @@ def test_every_copy_source_is_in_the_build_context() -> None:
 def test_dockerignore_keeps_state_and_history_out_and_the_sources_in() -> None:
     for path in (".venv/bin/python", ".git/HEAD", ".lbt/cluster.json", "lbtestbed/__pycache__/cli.pyc"):
         assert docker_ignored(path), f"{path} would be sent to the Docker daemon"
-    for path in ("lbtestbed/cli.py", "lbtestbed/server_node/__main__.py", "pyproject.toml"):
+    for path in ("lbtestbed/cli/__init__.py", "lbtestbed/server_node/__main__.py", "pyproject.toml"):
         assert not docker_ignored(path), f"{path} would be missing from the build context"
 
 

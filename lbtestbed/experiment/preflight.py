@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -283,3 +284,26 @@ def at_cluster_scale(exp: Experiment, cluster: Path) -> Experiment:
     if not exp.run.auto_time_scale:
         return exp
     return resolve(exp, ClusterFile.load(cluster).experiment().run.time_scale)
+
+
+def prepare(
+    exp: Experiment, node_processes: int | None, force: bool, say: Callable[[str], None]
+) -> tuple[Experiment, dict[str, Any], str | None]:
+    """Resolve ``time_scale = "auto"`` and judge what the spec asks of this machine, before anything
+    starts: (the experiment to run, what the report records, a refusal or None)."""
+    cal = load_calibration(say)
+    record: dict[str, Any] = {"calibration": cal.to_json()}
+    if exp.run.auto_time_scale:
+        scale, why = auto_time_scale(exp, cal, node_processes)
+        exp = resolve(exp, scale)
+        record["time_scale"] = {"auto": True, "picked": scale, "why": why}
+        say(why)
+    est = estimate(exp, cal, None, node_processes)
+    level, line = judge(est, cal)
+    record["estimate"] = {**est.to_json(), "level": level, "why": line}
+    if level == "refuse" and not force:
+        hint = 'raise run.time_scale (time_scale = "auto" picks one) or pass --force'
+        return exp, record, f"{exp.source}: {line}; {hint}"
+    if level != "ok":
+        say(f"warning: {line}")
+    return exp, record, None

@@ -7,8 +7,10 @@ carriage return, so a log file reads line by line.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
+from collections.abc import Iterator
 from types import TracebackType
 from typing import IO
 
@@ -155,3 +157,15 @@ class Progress:
         self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def optional_progress(
+    quiet: bool, label: str, total: float, unit: str, *, rate: bool = True
+) -> Iterator[Progress | None]:
+    """A ``Progress`` for the block, closed at its end; None when ``quiet`` (a command's ``--quiet``)."""
+    if quiet:
+        yield None
+        return
+    with Progress(label, total, unit, rate=rate) as bar:
+        yield bar

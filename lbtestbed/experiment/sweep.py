@@ -4,11 +4,14 @@
 point is a full ``lbt run`` (cluster, simulation, theory, its own report directory) or, with
 ``--simulate-only``, a simulation beside the theory. The combined table has one row per point; the plot
 users ask for most sets messages per task against mean sojourn (or utility, for pools), one point per policy
-and setting.
+and setting. ``run_sweep`` is what the command calls: every point checked before the first runs, then the
+points, then the directory written.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import itertools
 import json
 import re
@@ -20,10 +23,14 @@ from typing import Any
 
 from lbtestbed.analysis.report import plots
 from lbtestbed.analysis.results.result import Result
+from lbtestbed.experiment.errors import BadInput, Failed
+from lbtestbed.experiment.preflight import prepare
+from lbtestbed.experiment.progress import optional_progress
+from lbtestbed.experiment.run import default_directory, run_errors, run_size_problem
 from lbtestbed.model.experiment import Experiment
 from lbtestbed.model.reader import SpecError
 from lbtestbed.policies import CATALOG
-from lbtestbed.spec import load_spec
+from lbtestbed.spec import apply_overrides, parse_spec
 
 Say = Callable[[str], None]
 #: the columns of the combined table, in order
@@ -118,9 +125,72 @@ def _settings(point: Sequence[str], keys: Sequence[str]) -> dict[str, str]:
     return {k: values[k] for k in keys}
 
 
-def experiments(spec: str, overrides: Sequence[str]) -> list[tuple[list[str], Experiment]]:
-    """Every point of the grid with its experiment; a bad point raises SpecError before anything runs."""
-    return [(p, load_spec(spec, p)) for p in grid(overrides)]
+def experiments(exp: Experiment, overrides: Sequence[str]) -> list[tuple[list[str], Experiment]]:
+    """Every point of the grid over ``exp`` (its document as given, ``exp.raw``, with each point's
+    overrides after its own) with its experiment; a bad point raises SpecError before anything runs."""
+    return [(p, _point(exp, p)) for p in grid(overrides)]
+
+
+def _point(exp: Experiment, overrides: Sequence[str]) -> Experiment:
+    data = apply_overrides(copy.deepcopy(dict(exp.raw)), overrides, exp.source)
+    return dataclasses.replace(parse_spec(data, exp.source), overrides=(*exp.overrides, *overrides))
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    """How ``lbt sweep`` runs its points (its options, defaults as there)."""
+
+    simulate_only: bool = False  # a simulation beside the theory for each point, no cluster
+    jobs: int = 2  # parallel simulations
+    node_processes: int | None = None
+    force: bool = False  # run even points the pre-flight estimate refuses
+    out: Path | None = None  # the sweep directory; None: default_directory
+    quiet: bool = False  # no progress bar
+
+
+@dataclass(frozen=True)
+class SweepOutcome:
+    points: list[Point]
+    files: list[Path]  # sweep.json, sweep.md and the plots
+    directory: Path
+
+
+def run_sweep(exp: Experiment, overrides: Sequence[str], options: SweepOptions, say: Say) -> SweepOutcome:
+    """The sweep of ``exp`` over the grid of ``overrides``, written to its directory. SpecError for a bad
+    point and BadInput for one the machine or the run cannot hold, both before the first point runs;
+    Failed when a cluster run fails."""
+    points = experiments(exp, overrides)
+    if not options.simulate_only:
+        points = _checked(points, options, say)
+    directory = options.out or default_directory(f"sweep-{exp.name}")
+    with optional_progress(options.quiet, f"{exp.name}: sweep", len(points), "points") as bar:
+        try:
+            done = sweep(
+                points,
+                directory,
+                say,
+                simulate_only=options.simulate_only,
+                jobs=options.jobs,
+                progress=None if bar is None else bar.update,
+                node_processes=options.node_processes,
+            )
+        except run_errors() as e:
+            raise Failed(str(e)) from e
+    return SweepOutcome(done, write(directory, exp.source, done), directory)
+
+
+def _checked(
+    points: Sequence[tuple[list[str], Experiment]], options: SweepOptions, say: Say
+) -> list[tuple[list[str], Experiment]]:
+    """Every point checked, and its time scale picked, before the first runs."""
+    out = []
+    for settings, point in points:
+        resolved, _, refusal = prepare(point, options.node_processes, options.force, say)
+        refusal = refusal or run_size_problem(point)
+        if refusal:
+            raise BadInput(f"sweep point {' '.join(settings)}: {refusal}")
+        out.append((settings, resolved))
+    return out
 
 
 def sweep(

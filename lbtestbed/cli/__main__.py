@@ -1,0 +1,7 @@
+"""``python -m lbtestbed.cli``: the same as ``lbt``."""
+
+import sys
+
+from lbtestbed.cli import main
+
+sys.exit(main())

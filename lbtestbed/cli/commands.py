@@ -1,0 +1,302 @@
+"""The ``lbt`` commands: each reads its spec once, checks what only its arguments can get wrong, hands the
+parsed Experiment to one function of the experiment layer and prints what that returns.
+
+What is slow to import (aiohttp, the simulator, the cluster launcher, the analysis and its plots) is
+imported inside a command, after its spec and arguments are checked, so that bad input answers (exit 2) at
+once: the modules of the experiment layer that import them, and the tables that print a result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from lbtestbed.cli.output import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    error,
+    note,
+    print_json,
+    say,
+    stages,
+)
+from lbtestbed.experiment.run import RunOptions, run
+from lbtestbed.loadgen import summary as summary_of
+from lbtestbed.loadgen.locust_run import passthrough_problem
+from lbtestbed.model.experiment import Experiment
+from lbtestbed.spec import load_spec
+
+if TYPE_CHECKING:
+    from lbtestbed.transport.cluster_file import ClusterFile
+
+
+def netns_problem(args: argparse.Namespace) -> str | None:
+    """Why the ``--netns``/``--bandwidth`` options given cannot work together."""
+    if args.bandwidth and not args.netns:
+        return (
+            f"--bandwidth {args.bandwidth}: a bandwidth limit needs --netns (loopback has no link to limit)"
+        )
+    return None
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    exp = load_spec(args.spec, args.set)  # a bad spec fails first, before the heavy imports
+    records = _records_file(args)  # a path that cannot be written fails before the simulation
+    if isinstance(records, str):
+        return error(records)
+    # here: the simulator and the analysis load only for a spec and a --records that can work
+    from lbtestbed.analysis.results.tables import render
+    from lbtestbed.experiment.simulate import simulate
+
+    try:
+        result = simulate(
+            exp, replications=args.replications, jobs=args.jobs, records=records, quiet=args.quiet
+        )
+    finally:
+        if records is not None:
+            records.close()
+    if args.json:
+        print_json(result.to_json())
+    else:
+        print(render(result))
+    return EXIT_OK
+
+
+def _records_file(args: argparse.Namespace) -> IO[str] | str | None:
+    """``--records FILE`` opened for writing (None without), or a one-line reason it cannot be."""
+    if args.records is None:
+        return None
+    if args.replications > 1:
+        return "--records: the records of one run; drop --replications"
+    try:
+        return open(args.records, "w", newline="")
+    except OSError as e:
+        return f"--records {args.records}: {e.strerror or e}"
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    exp = load_spec(args.spec, args.set)
+    # here: the theory and the analysis load only for a spec that loads
+    from lbtestbed.analysis.results.tables import render, render_notes, render_transient
+    from lbtestbed.experiment.predict import predict
+
+    predicted = predict(exp, transient=args.transient)
+    if args.json:
+        print_json(predicted.result.to_json())
+        return EXIT_OK
+    print(render(predicted.result))
+    print(render_notes(predicted.result))
+    if predicted.transient is not None:
+        print(render_transient(exp, predicted.result, predicted.transient))
+    return EXIT_OK
+
+
+def cmd_cluster_up(args: argparse.Namespace) -> int:
+    if args.spec is None:
+        return error("lbt cluster up needs a SPEC")
+    # a bad spec fails here, before any process starts (and before the launcher is imported)
+    exp = load_spec(args.spec, args.set)
+    problem = netns_problem(args)
+    if problem:
+        return error(problem)
+    from lbtestbed.experiment.cluster_control import UpOptions, cluster_up  # the launcher: see above
+
+    options = UpOptions(
+        node_processes=args.node_processes,
+        max_tasks=args.max_tasks,
+        netns=args.netns,
+        bandwidth=args.bandwidth or "",
+        force=args.force,
+        with_prometheus=args.with_prometheus,
+        scrape_interval=args.scrape_interval,
+        prometheus_port=args.prometheus_port,
+    )
+    started = cluster_up(exp, Path(args.file), options, say)
+    if args.json:
+        print_json({"file": str(started.cluster.path), "processes": started.processes})
+    else:
+        f = started.file
+        nodes = sum(len(h.nodes) for h in f.node_hosts)
+        print(
+            f"cluster up: {len(f.dispatchers)} dispatcher(s), {nodes} nodes in {len(f.node_hosts)} "
+            f"process(es); cluster file {started.cluster.path}"
+        )
+        what_by_role = {"dispatcher": "send tasks: POST /v1/tasks", "prometheus": "query: /api/v1/query"}
+        for r in started.processes:
+            _print_process(r, f"{r['nodes']} nodes" if r["role"] == "nodes" else what_by_role[r["role"]])
+    if args.foreground:
+        print("serving; Ctrl-C stops the cluster", file=sys.stderr)
+        return EXIT_OK if started.serve(say) else EXIT_FAILED
+    return EXIT_OK
+
+
+def cmd_cluster_status(args: argparse.Namespace) -> int:
+    from lbtestbed.experiment.cluster_control import cluster_status  # the launcher, for this command only
+
+    rows = cluster_status(Path(args.file))
+    if args.json:
+        print_json({"file": str(Path(args.file)), "processes": rows})
+    else:
+        for r in rows:
+            _print_process(
+                r, "healthy" if r["healthy"] else ("running, not answering" if r["alive"] else "DEAD")
+            )
+    return EXIT_OK if all(r["healthy"] for r in rows) else EXIT_FAILED
+
+
+def cmd_cluster_down(args: argparse.Namespace) -> int:
+    from lbtestbed.experiment.cluster_control import cluster_down  # the launcher, for this command only
+
+    print(f"cluster down: stopped {cluster_down(Path(args.file))} process(es)")
+    return EXIT_OK
+
+
+def _print_process(r: dict[str, Any], what: str) -> None:
+    print(f"  {r['role']:<10} {r['index']:>3}  {r['url']:<24} pid {r['pid']:<7} {what}")
+
+
+def cmd_load(args: argparse.Namespace) -> int:
+    # here: the cluster file's module brings aiohttp (transport.wire), which the checks before it need not
+    from lbtestbed.transport.cluster_file import ClusterError, ClusterFile
+
+    locust_only = [t.text for t in args.threshold if t.metric in summary_of.LOCUST_ONLY]
+    if locust_only and not args.locust:
+        return error(f"--threshold {locust_only[0]!r}: a locust metric; it needs --locust")
+    cluster = None  # the cluster file: the dispatchers, and the experiment its processes run
+    if not args.dispatcher or args.spec is None:
+        try:
+            cluster = ClusterFile.load(Path(args.cluster))
+        except ClusterError as e:
+            hint = "give --dispatcher URL" if args.spec is not None else "give a SPEC and --dispatcher URL"
+            return error(f"{e}; {hint} or start one with lbt cluster up")
+    problem = _load_options_problem(args)
+    if problem:
+        return error(problem)
+    if args.spec is None:  # the cluster's own experiment, then the command line's overrides
+        assert cluster is not None
+        exp = cluster.experiment(args.set)
+    else:
+        exp = load_spec(args.spec, args.set)
+    return _load(exp, args, cluster)
+
+
+def _load_options_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with ``lbt load``'s options together, or None."""
+    if args.locust_args and not args.locust:
+        return f"{args.locust_args[0]!r} after --: options after -- go to locust; add --locust"
+    if args.locust:
+        problem = passthrough_problem(args.locust_args)
+        if problem:
+            return problem
+    if args.locust_mode == "closed" and not args.locust:
+        return "--locust-mode closed needs --locust (lbt load itself is an open loop)"
+    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+        return f"--metrics-port {args.metrics_port}: not a TCP port (0 picks a free one)"
+    if args.locust_mode == "closed" and args.record:
+        return "--record: a closed loop has no arrival times to record"
+    return None
+
+
+def _load(exp: Experiment, args: argparse.Namespace, cluster: ClusterFile | None) -> int:
+    """``lbt load`` once its spec and options are checked: the load sent, its summary printed."""
+    # here: the generator (numpy's tasks, aiohttp, uvloop) loads only once the spec and options are checked
+    from lbtestbed.experiment.load import LoadOptions, Target, load
+
+    if args.dispatcher:  # the URLs given, whatever a cluster file says
+        target = Target(list(args.dispatcher), args.cluster)
+    else:
+        assert cluster is not None
+        target = Target([d.url for d in cluster.dispatchers], args.cluster, cluster)
+    options = LoadOptions(
+        mode=args.locust_mode,
+        schedule=args.schedule,
+        duration=args.duration,
+        replay=args.replay,
+        users=args.locust_users,
+        max_outstanding=args.max_outstanding,
+        locust=args.locust,
+        locust_args=args.locust_args,
+        deadline=args.deadline,
+        record=Path(args.record) if args.record else None,
+        metrics_port=args.metrics_port,
+        thresholds=args.threshold,
+        quiet=args.quiet,
+    )
+    done = load(exp, target, options, say, note)
+    summary, verdicts = done.summary, done.verdicts
+    if args.json:
+        print_json({**summary, "thresholds": verdicts} if verdicts else summary)
+    else:
+        print("\n".join(summary_of.lines(summary)))
+        for verdict in verdicts:
+            print(summary_of.describe(verdict))
+        if summary["late_sends"] or summary["dropped"]:
+            note(
+                f"warning: the generator could not keep its schedule: {summary['late_sends']} late sends, "
+                f"{summary['dropped']} dropped"
+            )
+        if done.plan.mode == "closed":
+            note(
+                f"note: a closed loop sends what the system lets it: {summary['sent']} tasks sent where an "
+                f"open loop would send about {done.plan.expected():.0f}"
+            )
+    if summary.get("interrupted"):
+        return EXIT_INTERRUPTED
+    if verdicts:  # the thresholds alone decide, as k6's do
+        return EXIT_OK if all(v["ok"] for v in verdicts) else EXIT_FAILED
+    return EXIT_OK if summary["completed"] == summary["scheduled"] else EXIT_FAILED
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    exp = load_spec(args.spec, args.set)  # a bad spec fails before anything starts
+    problem = netns_problem(args)
+    if problem:
+        return error(problem)
+    options = RunOptions(
+        out=Path(args.out) if args.out else None,
+        endpoints=Path(args.endpoints) if args.endpoints else None,
+        node_processes=args.node_processes,
+        prometheus=args.prometheus,
+        with_prometheus=args.with_prometheus,
+        netns=args.netns,
+        bandwidth=args.bandwidth or "",
+        simulate=not args.no_simulation,
+        force=args.force,
+    )
+    done = run(exp, options, stages(args.quiet))
+    if args.json:
+        print_json(done.report.to_json())
+    else:
+        from lbtestbed.analysis.report.run_report import terminal  # loaded by the run already
+
+        print(terminal(done.report))
+        beside = f"results.json and {len(done.files) - 2} plots beside it"
+        print(f"report: {done.directory / 'report.md'} ({beside})")
+    return EXIT_OK if done.report.passed else EXIT_FAILED
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    exp = load_spec(args.spec)  # the file itself first; every point is checked before the first runs
+    # here: the runner, the simulator and the plots load only for a spec that loads
+    from lbtestbed.analysis.report.run_report import table
+    from lbtestbed.experiment.sweep import SweepOptions, rows, run_sweep
+
+    options = SweepOptions(
+        simulate_only=args.simulate_only,
+        jobs=args.jobs,
+        node_processes=args.node_processes,
+        force=args.force,
+        out=Path(args.out) if args.out else None,
+        quiet=args.quiet,
+    )
+    done = run_sweep(exp, args.set, options, stages(args.quiet))
+    if args.json:
+        print_json({"spec": args.spec, "points": [p.to_json() for p in done.points]})
+    else:
+        print(table(rows(done.points)))
+        beside = ", ".join(f.name for f in done.files if f.name != "sweep.md")
+        print(f"sweep: {done.directory / 'sweep.md'} ({beside} beside it)")
+    return EXIT_OK if all(p.agrees is not False for p in done.points) else EXIT_FAILED

@@ -1,0 +1,59 @@
+"""``lbt simulate``: one run of the simulator (batch means), or independent replications in parallel
+processes, summarized into the result object."""
+
+from __future__ import annotations
+
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from typing import IO
+
+from lbtestbed.analysis.results.raw import RawRun
+from lbtestbed.analysis.results.result import Result, summarize
+from lbtestbed.analysis.simulator import simulate_once
+from lbtestbed.analysis.simulator.records import simulate_with_records
+from lbtestbed.experiment.progress import optional_progress
+from lbtestbed.model.experiment import Experiment
+
+
+def simulate(
+    exp: Experiment,
+    *,
+    replications: int = 1,
+    jobs: int = 1,
+    records: IO[str] | None = None,
+    quiet: bool = False,
+) -> Result:
+    """The simulation's result: one run when ``replications`` is 1 (its per-task ``records`` written
+    when given), else that many replications in at most ``jobs`` processes; progress on stderr unless
+    ``quiet``."""
+    if replications == 1:
+        raws = [_one_run(exp, records, quiet)]
+    else:
+        raws = _replications(exp, replications, jobs, quiet)
+    return summarize(exp, raws)
+
+
+def _one_run(exp: Experiment, records: IO[str] | None, quiet: bool) -> RawRun:
+    """One replication, its progress in model time; with ``records``, the pure-Python engine's general
+    loop, recording every task."""
+    with optional_progress(quiet, f"{exp.name}: simulated", 1.0, "of model time", rate=False) as bar:
+        progress = None if bar is None else bar.update
+        if records is not None:
+            raw = simulate_with_records(exp, records, 0, progress)
+        else:
+            raw = simulate_once(exp, 0, progress)
+        if bar is not None:
+            bar.update(1.0)
+    return raw
+
+
+def _replications(exp: Experiment, k: int, jobs: int, quiet: bool) -> list[RawRun]:
+    """``k`` independent replications in at most ``jobs`` processes, in replication order."""
+    with (
+        optional_progress(quiet, f"{exp.name}: replications", k, "replications") as bar,
+        ProcessPoolExecutor(max_workers=min(k, jobs)) as pool,
+    ):
+        futures = [pool.submit(simulate_once, exp, i) for i in range(k)]
+        for done, _ in enumerate(as_completed(futures), 1):
+            if bar is not None:
+                bar.update(done)
+        return [f.result() for f in futures]
