@@ -58,10 +58,16 @@ from lbtestbed.model.experiment import Experiment
 from lbtestbed.model.nodes import NodeModel, make_node
 from lbtestbed.model.reader import SpecError
 from lbtestbed.model.workload import Task
+from lbtestbed.policies import CATALOG
 from lbtestbed.server_node.host import NodeHost
 from lbtestbed.server_node.metrics import registry_for
 from lbtestbed.spec import load_spec, parse_spec
 from lbtestbed.transport.cluster_file import ClusterError, ClusterFile, Endpoint
+
+#: what SLTA learns (its index r): the learned quantity the plots and the report know generically
+SLTA_R = CATALOG["slta"].learned
+assert SLTA_R is not None
+
 
 REL = 1e-12
 Z95 = NormalDist().inv_cdf(0.975)  # the standard normal quantile, not the module's constant
@@ -886,15 +892,17 @@ def test_bad_run_override_exits_2_before_anything_starts(
 def test_policy_switch_drops_foreign_keys_and_keeps_shared_ones(sweep_spec: Path, tmp_path: Path) -> None:
     # the SLTA file's beta_scale would be an unknown key for jlmu; rank_order is jlmu's too
     exp = load_spec(sweep_spec, ["policy.name=jlmu"])
-    assert exp.policy.name == "jlmu" and exp.policy.rank_order == "ji" and exp.policy.beta is None
+    assert exp.policy.name == "jlmu" and exp.policy.rank_order == "ji"  # type: ignore[attr-defined]
+    assert getattr(exp.policy, "beta", None) is None  # jlmu takes no beta: it was dropped
     pod = tmp_path / "pod.toml"
     pod.write_text(
         QUEUES.replace('name = "power_of_d"\nd = 2', 'name = "power_of_d"\nd = 3\ntie_break = "fastest"')
     )
     lr = load_spec(pod, ["policy.name=least_request"])  # takes d, not tie_break
-    assert lr.policy.name == "least_request" and lr.policy.d == 3 and lr.policy.tie_break == "random"
+    assert lr.policy.name == "least_request" and lr.policy.d == 3  # type: ignore[attr-defined]
+    assert getattr(lr.policy, "tie_break", "random") == "random"  # least_request takes none: dropped
     jsq = load_spec(pod, ["policy.name=jsq"])  # takes tie_break, not d
-    assert jsq.policy.tie_break == "fastest" and jsq.policy.d is None
+    assert jsq.policy.tie_break == "fastest" and getattr(jsq.policy, "d", None) is None  # type: ignore[attr-defined]
     # a key set after the switch is checked against the new policy
     with pytest.raises(SpecError, match="beta_scale"):
         load_spec(sweep_spec, ["policy.name=jlmu", "policy.beta_scale=2"])
@@ -1163,8 +1171,9 @@ def test_every_plot_writes_a_labelled_png(tmp_path: Path, monkeypatch: pytest.Mo
             run="r",
         ),
         plots.over_time(pools, 2.0, 6.0, {"cluster": raw_run([0.8, 0.9], "utility")}, bounded, run="r"),
-        plots.slta_r(
+        plots.learned(
             tmp_path,
+            SLTA_R,
             [(2.0, 3.0), (4.0, 4.0)],
             RawRun(batches=2, r_series=[(2.5, 3), (5.0, 4)]),
             rep.theory,
@@ -1199,7 +1208,7 @@ def test_plots_that_do_not_apply_return_none(tmp_path: Path) -> None:
     )
     assert plots.messages(tmp_path, [quiet], run="r") is None
     assert plots.sojourn(tmp_path, {"cluster": [], "simulation": []}, None, run="r") is None
-    assert plots.slta_r(tmp_path, [], RawRun(batches=2), None, run="r") is None
+    assert plots.learned(tmp_path, SLTA_R, [], RawRun(batches=2), None, run="r") is None
     assert list(tmp_path.iterdir()) == []
 
 
@@ -1237,12 +1246,11 @@ def cluster_file(tmp_path: Path) -> Path:
     spec = tmp_path / "tiny.toml"
     spec.write_text(QUEUES.replace("[run]\n", "[run]\ntime_scale = 0.05\n"))
     d, h = free_ports(2)
-    f = ClusterFile(
-        str(spec),
-        [],
-        "token",
-        [Endpoint("dispatcher", 0, f"http://127.0.0.1:{d}")],
-        [Endpoint("nodes", 0, f"http://127.0.0.1:{h}", [0, 1, 2])],
+    f = ClusterFile.of(
+        load_spec(spec),
+        token="token",
+        dispatchers=[Endpoint("dispatcher", 0, f"http://127.0.0.1:{d}")],
+        node_hosts=[Endpoint("nodes", 0, f"http://127.0.0.1:{h}", [0, 1, 2])],
     )
     path = tmp_path / "cluster.json"
     f.save(path)

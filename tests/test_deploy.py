@@ -57,6 +57,7 @@ from packaging.specifiers import SpecifierSet
 
 from lbtestbed.cli import build_parser
 from lbtestbed.cluster import prometheus as lbt_prometheus
+from lbtestbed.model.document import document
 from lbtestbed.model.experiment import Experiment
 from lbtestbed.spec import load_spec
 from lbtestbed.transport import wire
@@ -158,7 +159,7 @@ def cluster_file() -> ClusterFile:
     data = cluster_json()
     return ClusterFile(
         spec=data["spec"],
-        overrides=data["overrides"],
+        experiment_document=data["experiment_document"],
         token="",
         dispatchers=[Endpoint(**e) for e in data["dispatchers"]],
         node_hosts=[Endpoint(**e) for e in data["node_hosts"]],
@@ -167,7 +168,13 @@ def cluster_file() -> ClusterFile:
 
 
 def experiment() -> Experiment:
-    return load_spec(str(SPEC_TOML), cluster_json()["overrides"])
+    """The experiment the deployment's processes run: the cluster file's, resolved as written."""
+    return cluster_file().experiment()
+
+
+def runs_the_clusters_experiment(overrides: list[str]) -> bool:
+    """Whether the spec with ``overrides`` is the experiment the cluster file holds, to the last bit."""
+    return document(load_spec(str(SPEC_TOML), overrides)) == cluster_json()["experiment_document"]
 
 
 # ------------------------------------------------------------------------- commands as containers run them
@@ -575,6 +582,12 @@ def test_the_kustomize_build_mounts_the_experiment_and_the_token(kustomized: lis
 def test_the_deployment_spec_loads_with_the_cluster_files_overrides() -> None:
     exp = experiment()
     assert exp.n == sum(len(h["nodes"]) for h in cluster_json()["node_hosts"])
+    # the file's experiment is the spec's with the overrides the load generator gives it: none drifted
+    (load,) = {
+        tuple(parse_lbt(a).set)
+        for a in (compose_argv("load"), k8s_argv(k8s_container("Job", "load", "load")))
+    }
+    assert runs_the_clusters_experiment(list(load))
 
 
 def test_cluster_json_gives_every_node_to_exactly_one_node_host() -> None:
@@ -642,7 +655,7 @@ def test_the_lbt_commands_parse_and_target_the_deployment() -> None:
         args = parse_lbt(argv)
         assert args.command == "load" and args.spec == data["spec"]
         assert args.dispatcher == [d["url"] for d in data["dispatchers"]]
-        assert args.set == data["overrides"], "the load generator must read the spec as the processes do"
+        assert runs_the_clusters_experiment(args.set), "the load generator must run what the processes do"
     wait = k8s_argv(k8s_container("Job", "load", "wait-for-cluster", init=True))
     statuses = commands_in_script(shell_script(wait), "lbt")
     assert statuses, "the init container must ask lbt whether the cluster is up"
@@ -999,7 +1012,7 @@ def test_the_rule_files_land_where_prometheus_reads_rules(tmp_path: Path) -> Non
     out = io.StringIO()
     words = shlex.split(script.rsplit(">", 1)[0])
     assert words[:4] == ["python", "-m", "lbtestbed.cluster.prometheus", "constants"]
-    assert [words[i + 1] for i, w in enumerate(words) if w == "--set"] == cluster_json()["overrides"]
+    assert runs_the_clusters_experiment([words[i + 1] for i, w in enumerate(words) if w == "--set"])
     args = [str(SPEC_TOML) if w == cluster_json()["spec"] else w for w in words[4:]]
     with redirect_stdout(out):
         assert lbt_prometheus.main(["constants", *args]) == 0

@@ -565,12 +565,15 @@ def test_a_reused_pid_is_never_signalled(tmp_path: Path) -> None:
     try:
         command = [sys.executable, "-m", "lbtestbed.dispatcher", "--cluster", str(path), "--index", "0"]
         born = psutil.Process(sleeper.pid).create_time()
-        ClusterFile(
-            str(spec),
-            [],
-            "0" * 32,
-            [Endpoint("dispatcher", 0, "http://127.0.0.1:9", pid=sleeper.pid, started=born, cmdline=command)],
-            [
+        ClusterFile.of(
+            load_spec(spec),
+            token="0" * 32,
+            dispatchers=[
+                Endpoint(
+                    "dispatcher", 0, "http://127.0.0.1:9", pid=sleeper.pid, started=born, cmdline=command
+                )
+            ],
+            node_hosts=[
                 Endpoint(
                     "nodes", 0, "http://127.0.0.1:9", [0], sleeper.pid, started=born - 3600, cmdline=["sleep"]
                 )

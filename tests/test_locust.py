@@ -219,14 +219,15 @@ def test_an_auto_time_scale_is_the_clusters_for_either_generator(
     slow: tuple[SlowServer, Path], generator: str
 ) -> None:
     """``run.time_scale = "auto"``: ``lbt load`` sends at the scale the cluster was started with (its
-    cluster file's overrides), locust's processes as much as its own loop."""
+    cluster file's experiment), locust's processes as much as its own loop."""
     server, spec = slow
     auto = spec.with_name("auto.toml")
     auto.write_text(SLOW_SPEC.replace("time_scale = 1.0", 'time_scale = "auto"'))
     cluster = spec.with_name("cluster.json")
-    ClusterFile(str(auto), ["run.time_scale=0.5"], "t", [Endpoint("dispatcher", 0, server.url)], []).save(
-        cluster
-    )
+    running = load_spec(auto, ["run.time_scale=0.5"])  # the scale the cluster was started with
+    ClusterFile.of(
+        running, token="t", dispatchers=[Endpoint("dispatcher", 0, server.url)], node_hosts=[]
+    ).save(cluster)
     args = ["load", str(auto), "--cluster", str(cluster), "--dispatcher", server.url, "--json", "--quiet"]
     out = lbt(*args, *(["--locust"] if generator == "locust" else []))
     assert out.returncode == 0, out.stderr

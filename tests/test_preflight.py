@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from lbtestbed.experiment import preflight as pf
-from lbtestbed.spec import load_spec
+from lbtestbed.model.document import document
+from lbtestbed.spec import load_spec, parse_spec
 
 CAL = pf.Calibration(
     dispatcher_us=300.0,
@@ -111,10 +112,10 @@ def test_auto_picks_the_smallest_scale_that_fits(tmp_path: Path) -> None:
         for s in smaller
     )
     assert f"picked {scale:g}" in why
-    # the resolved experiment reads the scale back through its overrides, as a cluster's processes do
+    # the resolved experiment reads the scale back from its document, as a cluster's processes do
     resolved = pf.resolve(exp, scale)
     assert resolved.run.time_scale == scale and not resolved.run.auto_time_scale
-    assert load_spec(resolved.source, resolved.overrides).run.time_scale == scale
+    assert parse_spec(document(resolved), resolved.source).run.time_scale == scale
 
 
 def test_a_bad_time_scale_word_names_auto(tmp_path: Path) -> None:

@@ -154,6 +154,15 @@ def cmd_cluster_down(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_cluster_experiment(args: argparse.Namespace) -> int:
+    from lbtestbed.experiment.cluster_control import write_experiment  # the launcher, for this command only
+
+    exp = load_spec(args.spec, args.set)
+    write_experiment(exp, Path(args.file), args.spec_path)
+    print(f"{args.file}: experiment {exp.name} ({exp.policy.name}, n = {exp.n}) written")
+    return EXIT_OK
+
+
 def _print_process(r: dict[str, Any], what: str) -> None:
     print(f"  {r['role']:<10} {r['index']:>3}  {r['url']:<24} pid {r['pid']:<7} {what}")
 

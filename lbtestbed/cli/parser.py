@@ -165,6 +165,22 @@ def _cluster(sub: Commands) -> None:
     )
     _add_cluster_file(down)
     down.set_defaults(func=commands.cmd_cluster_down)
+    experiment = actions.add_parser(
+        "experiment",
+        help="write a spec's experiment into the cluster file of processes started by other means",
+        description="Resolve SPEC (with its --set overrides) and write the experiment, whole, into the "
+        "cluster file, as lbt cluster up does for the processes it starts: for a cluster whose processes "
+        "Docker Compose or Kubernetes start from a file of their own (deploy/README.md). The rest of the "
+        "file (its URLs, its nodes per host) stays; it must list as many dispatchers as the spec runs. "
+        "Exit code 0, or 2 when the spec or the file does not fit.",
+    )
+    experiment.add_argument("spec", help="experiment spec (TOML)")
+    _add_cluster_file(experiment)
+    experiment.add_argument(
+        "--spec-path", help="the spec's path as the processes name it, recorded in the file (default: kept)"
+    )
+    _add_overrides(experiment)
+    experiment.set_defaults(func=commands.cmd_cluster_experiment)
 
 
 def _cluster_up(actions: Commands) -> None:

@@ -1,9 +1,12 @@
 """``lbt cluster up``, ``status`` and ``down``: a local cluster that outlives the command that started it,
-found again through its cluster file (docs/protocol.md, The cluster file)."""
+found again through its cluster file (docs/protocol.md, The cluster file); ``lbt cluster experiment``: the
+experiment of a cluster started by other means."""
 
 from __future__ import annotations
 
 import contextlib
+import json
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -20,6 +23,7 @@ from lbtestbed.cluster.prometheus import (
 )
 from lbtestbed.experiment.errors import BadInput, Failed
 from lbtestbed.experiment.preflight import prepare
+from lbtestbed.model.document import document
 from lbtestbed.model.experiment import Experiment
 from lbtestbed.transport.cluster_file import ClusterError, ClusterFile
 
@@ -117,3 +121,36 @@ def cluster_down(path: Path) -> int:
     """Stop the cluster of the file ``path`` (its Prometheus too): how many processes were stopped."""
     with _failures():
         return Cluster(path).down()
+
+
+def write_experiment(exp: Experiment, path: Path, spec_path: str | None = None) -> None:
+    """Put ``exp``, resolved, into the cluster file ``path`` of processes started by other means (Compose,
+    Kubernetes: deploy/README.md): its experiment document, and the spec's path as the processes would
+    name it (``spec_path``, default the file's own). Everything else in the file stays as it is; the
+    file must list as many dispatchers as ``exp`` runs. BadInput when the file or the experiment does not
+    fit."""
+    if exp.run.auto_time_scale:
+        raise BadInput(
+            f'{exp.source}: run.time_scale = "auto" is picked when lbt starts a cluster: give a number'
+        )
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise BadInput(f"{path}: not a cluster file: {e}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("dispatchers"), list):
+        raise BadInput(f"{path}: not a cluster file: no list of dispatchers")
+    if len(data["dispatchers"]) != exp.policy.dispatchers:
+        raise BadInput(
+            f"{path}: it lists {len(data['dispatchers'])} dispatcher(s) but {exp.source} runs "
+            f"{exp.policy.dispatchers} (policy.dispatchers)"
+        )
+    data.pop("overrides", None)  # a file from before the experiment travelled whole
+    data["spec"] = spec_path or data.get("spec") or str(Path(exp.source).resolve())
+    data["experiment_document"] = document(exp)
+    # one line per array of numbers (a node host's nodes): a file people read and edit
+    text = re.sub(r"\[\s*(-?[\d.]+(?:,\s*-?[\d.]+)*)\s*\]", _one_line, json.dumps(data, indent=1))
+    path.write_text(text + "\n")
+
+
+def _one_line(m: re.Match[str]) -> str:
+    return "[" + ", ".join(x.strip() for x in m.group(1).split(",")) + "]"

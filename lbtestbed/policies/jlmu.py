@@ -62,8 +62,9 @@ def ranking_of(exp: Experiment) -> Ranking:
         if c.utility is None:
             raise ValueError(f"class {c.name!r} has no utility")
         utilities.append(c.utility)
-    assert isinstance(exp.policy, UtilityParams)
-    return Ranking(utilities, exp.policy.rank_order)
+    # the ranking's tie order is the policy's own; any other policy's pools are ranked class first
+    order = exp.policy.rank_order if isinstance(exp.policy, UtilityParams) else "ij"
+    return Ranking(utilities, order)
 
 
 class JLMUDispatcher(CountingDispatcher):

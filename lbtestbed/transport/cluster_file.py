@@ -118,9 +118,9 @@ class ClusterFile:
             raise ClusterError(f"{path}: not a cluster file: {e}") from None
 
     @classmethod
-    def of(cls, exp: Experiment, **fields: Any) -> ClusterFile:
+    def of(cls, exp: Experiment, **extra: Any) -> ClusterFile:
         """A cluster file for the resolved experiment ``exp``."""
-        return cls(str(Path(exp.source).resolve()), document(exp), **fields)
+        return cls(str(Path(exp.source).resolve()), document(exp), **extra)
 
     def experiment(self, overrides: Sequence[str] = ()) -> Experiment:
         """The experiment the cluster's processes run (with ``overrides`` applied on top: SpecError)."""
@@ -146,8 +146,9 @@ def _first_difference(path: str, mine: Any, theirs: Any) -> tuple[str, Any, Any]
     """The first place where two parsed spec values differ: (key path, mine, theirs), or None."""
     if mine == theirs:
         return None
-    if is_dataclass(mine) and type(mine) is type(theirs):
-        for f in fields(mine):
+    if is_dataclass(mine) and is_dataclass(theirs):  # field by field, those they share (name first)
+        shared = [f for f in fields(mine) if f.name in {g.name for g in fields(theirs)}]
+        for f in shared:
             found = _first_difference(f"{path}.{f.name}", getattr(mine, f.name), getattr(theirs, f.name))
             if found:
                 return found

@@ -252,9 +252,10 @@ def compare_tail(
 
 
 def compare_paired_scalar(
-    metric: str, measured: Side, expected: Side, counts: bool, subject: str = "cluster"
+    metric: str, measured: Side, expected: Side, counts: bool, subject: str = "cluster", outliers: bool = True
 ) -> Verdict:
-    """``metric`` of two runs on the same tasks, batch by batch."""
+    """``metric`` of two runs on the same tasks, batch by batch (``outliers``: batches alike in law, so
+    that one that stands apart is looked for: ``paired``)."""
     a, b = measured.result.metrics[metric], expected.result.metrics[metric]
     v = Verdict(
         metric,
@@ -269,7 +270,7 @@ def compare_paired_scalar(
     )
     v.subject, v.paired = subject, True
     assert measured.raw is not None and expected.raw is not None
-    p = paired.paired_metric(measured.raw, expected.raw, metric)
+    p = paired.paired_metric(measured.raw, expected.raw, metric, outliers)
     if v.measured is None or v.expected is None or p is None:
         v.counts = False
         v.why = "not measured" if v.measured is None else f"no {expected.name} value"
@@ -358,9 +359,11 @@ def check_comparable(a: Result, b: Result) -> None:
             )
 
 
-def compare(measured: Side, expected: Side, counts: bool = True) -> list[Verdict]:
+def compare(measured: Side, expected: Side, counts: bool = True, alike: bool = True) -> list[Verdict]:
     """Verdicts of ``measured`` against ``expected``, metric by metric in table order: paired when both
-    carry batch data of the same window, unpaired otherwise (limit predictions never count)."""
+    carry batch data of the same window, unpaired otherwise (limit predictions never count). ``alike``:
+    the batches are alike in law (constant speeds), so a paired comparison also looks for one that stands
+    apart."""
     check_comparable(measured.result, expected.result)
     subject = measured.name
     out: list[Verdict] = []
@@ -373,7 +376,7 @@ def compare(measured: Side, expected: Side, counts: bool = True) -> list[Verdict
     for metric in SCALARS:
         counted = counts and metric not in limits
         if is_paired:
-            v = compare_paired_scalar(metric, measured, expected, counted, subject)
+            v = compare_paired_scalar(metric, measured, expected, counted, subject, alike)
         else:
             v = compare_scalar(
                 metric,

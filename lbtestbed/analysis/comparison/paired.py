@@ -18,7 +18,10 @@ also asks whether one batch stands apart from the others (Grubbs' test for one o
 gaps, exact for normal gaps: G = max |d_b - mean| / s, referred to the t distribution on B - 2 degrees of
 freedom, two-sided, Bonferroni over the B batches). The two tests share the comparison's 5 % (each at
 2.5 %: Bonferroni), so a run that agrees is no more likely to disagree than before, and a lone batch that
-diverges by a multiple of the others' spread is seen (``tests/test_comparison.py``).
+diverges by a multiple of the others' spread is seen (``tests/test_comparison.py``). Grubbs' test needs
+batches alike in law; where the spec's node speeds change over time (schedules, antagonists, slow faults)
+a batch that holds a slowdown is noisier than the others by nature, and the check is left out
+(``outliers=False``).
 
 Two runs that made the very same decisions (a twin that replayed every one) still sum their integrals in
 another order, so their batch values can differ in the last digits. A per-batch gap within ``ROUNDING`` of
@@ -142,8 +145,9 @@ def batch_table(raw: RawRun) -> dict[str, dict[str, float]]:
     return out
 
 
-def pair(a: dict[int, float], b: dict[int, float], log_scale: bool) -> Paired | None:
-    """The paired comparison of ``a`` and ``b`` over the batches both have (None without any)."""
+def pair(a: dict[int, float], b: dict[int, float], log_scale: bool, outliers: bool = True) -> Paired | None:
+    """The paired comparison of ``a`` and ``b`` over the batches both have (None without any); with
+    ``outliers``, the batch that stands apart and Grubbs' p-value for it (batches alike in law only)."""
     common = sorted(a.keys() & b.keys())
     scale = "log_ratio" if log_scale else "difference"
     if log_scale and any(a[p] <= 0 or b[p] <= 0 for p in common):
@@ -159,7 +163,7 @@ def pair(a: dict[int, float], b: dict[int, float], log_scale: bool) -> Paired | 
     d[np.abs(d) <= ROUNDING * size] = 0.0
     n = len(d)
     se = float(d.std(ddof=1)) / math.sqrt(n) if n >= 2 else None
-    worst, gap, p = grubbs(d)
+    worst, gap, p = grubbs(d) if outliers else (None, 0.0, None)
     return Paired(
         scale, float(d.mean()), se, max(n - 1, 0), n, None if worst is None else common[worst], gap, p
     )
@@ -187,8 +191,8 @@ def grubbs(d: np.ndarray) -> tuple[int | None, float, float | None]:
     return worst, float(d[worst]), min(1.0, 2.0 * n * float(special.stdtr(n - 2, -t)))
 
 
-def paired_metric(a: RawRun, b: RawRun, metric: str) -> Paired | None:
-    return pair(batch_values(a, metric), batch_values(b, metric), metric in LOG_SCALE)
+def paired_metric(a: RawRun, b: RawRun, metric: str, outliers: bool = True) -> Paired | None:
+    return pair(batch_values(a, metric), batch_values(b, metric), metric in LOG_SCALE, outliers)
 
 
 def tail_levels(raw: RawRun, c: int) -> int:

@@ -51,6 +51,9 @@ class Cost:
         return abs(self.cost) + (self.ci95 or 0.0)
 
     def text(self) -> str:
+        """``metric +2.1 % ± 0.6 %``; an interval of zero width (every batch the same) says so."""
+        if self.ci95 == 0:
+            return f"{self.metric} {self._fmt(self.cost)} (all batches)"
         ci = "" if self.ci95 is None else f" ± {self._fmt(self.ci95, sign=False)}"
         return f"{self.metric} {self._fmt(self.cost)}{ci}"
 

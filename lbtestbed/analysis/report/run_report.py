@@ -21,6 +21,7 @@ from lbtestbed.analysis.report import plots
 from lbtestbed.analysis.results.raw import RawRun
 from lbtestbed.analysis.results.regime import describe
 from lbtestbed.analysis.results.result import Result
+from lbtestbed.model.conditions import speed_varies
 from lbtestbed.model.experiment import Experiment
 from lbtestbed.policies import CATALOG, policy_of
 
@@ -108,12 +109,13 @@ def build(
         if side is not None and side.raw is not None:
             side.result.extras["batch_values"] = paired.batch_table(side.raw)
     verdicts: list[Verdict] = []
+    alike = speed_varies(exp) is None  # batches alike in law: a batch that stands apart is looked for
     if twin is not None:
-        verdicts += compare(cluster, twin, counts=True)
+        verdicts += compare(cluster, twin, counts=True, alike=alike)
     if simulation is not None:
-        verdicts += compare(cluster, simulation, counts=twin is None)
+        verdicts += compare(cluster, simulation, counts=twin is None, alike=alike)
         if twin is not None:
-            verdicts += compare(twin, simulation, counts=False)
+            verdicts += compare(twin, simulation, counts=False, alike=alike)
     if theory is not None:
         if twin is not None and simulation is not None:
             # the theory models the system without delays: the zero-delay simulation is what its exact and
