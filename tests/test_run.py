@@ -303,8 +303,9 @@ def _median(xs: list[float]) -> float:
 
 
 def test_exit_code_follows_the_verdicts(runs: dict[str, tuple[int, dict[str, Any], Path]]) -> None:
-    """Exit 0 only with both answers: faithful (no comparison that counts disagrees) and representative
-    (every net cost's interval within the tolerance: recomputed here from the costs)."""
+    """Exit 0 only with both answers: faithful (no comparison that counts disagrees, no leg beyond what the
+    machine explains) and representative (every net cost's interval within the tolerance: recomputed here
+    from the costs)."""
     for policy, (code, doc, _) in runs.items():
         counted = [v for v in doc["comparison"] if v["counts"]]
         disagree = any(v["agrees"] is False for v in counted)
@@ -313,7 +314,9 @@ def test_exit_code_follows_the_verdicts(runs: dict[str, tuple[int, dict[str, Any
         tolerance = rep["tolerance"]
         representative = all(abs(c["cost"]) + (c["ci95"] or 0.0) <= tolerance for c in rep["costs"])
         assert rep["holds"] is representative, policy
-        assert code == (0 if not disagree and representative else 1), policy
+        explained = all(not leg["beyond"] for leg in doc["legs"]["legs"])  # each leg within the machine's
+        assert doc["faithful"] is (not disagree and explained), policy
+        assert code == (0 if not disagree and explained and representative else 1), policy
 
 
 def test_a_bad_spec_is_exit_code_2_before_anything_starts(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ import aiohttp
 
 from lbtestbed.analysis.comparison.compare import Side
 from lbtestbed.analysis.measurement.cpu import cpu_per_task
+from lbtestbed.analysis.measurement.legs import LegCheck, MachineCost, busiest, hold
 from lbtestbed.analysis.measurement.measure import NODE_CLOCK, cluster_raw
 from lbtestbed.analysis.measurement.overhead import overhead_of, write_records
 from lbtestbed.analysis.measurement.scrape import Snapshot, from_query, scrape
@@ -36,6 +37,7 @@ from lbtestbed.analysis.results.statistics import ratio_estimate
 from lbtestbed.analysis.simulator.twin import Emulation, simulate_twin
 from lbtestbed.cluster.launcher import Cluster
 from lbtestbed.dispatcher.host import DISPATCHER_STREAM
+from lbtestbed.experiment import machine
 from lbtestbed.experiment.fault_injector import FaultCollector, Injector, check
 from lbtestbed.loadgen.openloop import LoadReport, drive, poisson_tasks, write_trace
 from lbtestbed.model.conditions import speed_changes, speed_varies
@@ -73,6 +75,7 @@ class Measurement:
     keyed_ages: dict[str, float] = field(default_factory=dict)  # by wire.message_key
     generator_cpu: list[float] = field(default_factory=list)  # this process's CPU seconds at each boundary
     cpu: dict[str, Any] = field(default_factory=dict)  # analysis.measurement.cpu.cpu_per_task
+    machine: MachineCost | None = None  # what the machine cost its probe over the window
 
 
 def warmup_warning(exp: Experiment) -> str | None:
@@ -206,6 +209,15 @@ async def _timings(
     return own, riders, keyed
 
 
+@dataclass
+class _Window:
+    """What ``measure`` collects at the batch boundaries of the measured window."""
+
+    snapshots: list[Snapshot] = field(default_factory=list)
+    instants: list[tuple[float, float]] = field(default_factory=list)  # (unix time, wall s since model 0)
+    generator_cpu: list[float] = field(default_factory=list)
+
+
 async def measure(
     exp: Experiment,
     f: ClusterFile,
@@ -219,72 +231,49 @@ async def measure(
 ) -> Measurement:
     """Drive the cluster with ``tasks`` and read its counters at the batch boundaries; apply the spec's
     faults (``cluster_path``: the cluster file, to restart killed processes). ``report``: the generator's
-    report to fill (its metrics read it); ``registry``: where the faults' metric joins them."""
+    report to fill (its metrics read it); ``registry``: where the faults' metric joins them. Beside the
+    cluster a probe measures what the machine itself costs over the window (``experiment.machine``).
+    Every task started here is awaited before this returns, also when something fails."""
     scale = exp.run.time_scale
-    urls = [e.url for e in f.dispatchers + f.node_hosts]
     marks = boundaries(exp)
-    snapshots: list[Snapshot] = []
-    instants: list[tuple[float, float]] = []  # (unix time, wall seconds since model 0) of each boundary
+    window = _Window()
     r_series: list[tuple[float, float]] = []
-    generator_cpu: list[float] = []
-    faulty = bool(exp.faults)
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession() as session, machine.started() as probe:
         origin = time.monotonic() + LEAD_IN
         origin_unix = time.time() + LEAD_IN
-        load = asyncio.ensure_future(
-            drive(
-                [d.url for d in f.dispatchers],
-                tasks,
-                scale,
-                max_outstanding,
-                start=origin,
-                routes=DispatcherSplit(exp).take(len(tasks)),
-                report=report,
-            )
-        )
         injector = Injector(exp, f, cluster_path or Path("cluster.json"), origin, say)
         if registry is not None and exp.faults:
             registry.register(FaultCollector(injector))
         if speed_varies(exp) or any(fault.kind in GRAY_FAULTS for fault in exp.faults):
             # the node hosts apply speed schedules, antagonists and gray faults on the run's clock
             await injector.set_origin(session, origin_unix)  # within the lead-in, before the first task
-        injecting = asyncio.ensure_future(injector.run(session)) if faulty else None
-        sampler = None
-        learned = policy_of(exp).learned
-        if learned is not None:
-            url = f.dispatchers[0].url
-            sampler = asyncio.ensure_future(_sample_r(session, url, origin, scale, learned.name, r_series))
         try:
-            say(f"warm-up: {exp.run.warmup:g} model s = {exp.run.warmup * scale:.1f} s wall")
-            for b, t in enumerate(marks):
-                delay = origin + t * scale - time.monotonic()
-                if delay > 0:
-                    await asyncio.wait([load], timeout=delay)  # wakes early only if the load failed
-                if load.done() and load.exception() is not None:
-                    raise load.exception()  # type: ignore[misc]
-                if prometheus is not None:
-                    instants.append((time.time(), time.monotonic() - origin))
-                cpu = os.times()
-                generator_cpu.append(cpu.user + cpu.system)  # the generator's process: this one
-                # with faults a process may be down at a boundary: its batches are dropped
-                wait = 3.0 if faulty else 10.0
-                snapshots.append(await scrape(session, urls, origin, missing_ok=faulty, timeout=wait))
-                if b < len(marks) - 1:
-                    say(f"measuring: batch {b + 1}/{len(marks) - 1} (model time {t:.4g} of {marks[-1]:.4g})")
-            say(f"draining: waiting for the last of {len(tasks)} tasks")
-            report = await load
-            if injecting is not None:
-                await injecting
-            events = await _health_events(session, f, origin_unix, scale) if faulty else []
-            own_ages, rider_ages, keyed_ages = await _timings(session, f, origin, scale)
+            async with asyncio.TaskGroup() as group:
+                load = group.create_task(
+                    drive(
+                        [d.url for d in f.dispatchers],
+                        tasks,
+                        scale,
+                        max_outstanding,
+                        start=origin,
+                        routes=DispatcherSplit(exp).take(len(tasks)),
+                        report=report,
+                    )
+                )
+                background = _background(group, exp, f, session, probe, injector, origin, r_series)
+                await _boundaries(exp, f, session, load, origin, marks, window, prometheus is not None, say)
+                say(f"draining: waiting for the last of {len(tasks)} tasks")
+                report = await load
+                for task in background:  # the samplers run until told; the injector ends by itself
+                    if task.get_name() != "faults":
+                        task.cancel()
+        except BaseExceptionGroup as group_error:
+            raise _first(group_error) from None
         finally:
-            if sampler is not None:
-                sampler.cancel()
-            if not load.done():
-                load.cancel()
-            if injecting is not None and not injecting.done():
-                injecting.cancel()
             injector.restore()
+        events = await _health_events(session, f, origin_unix, scale) if exp.faults else []
+        own_ages, rider_ages, keyed_ages = await _timings(session, f, origin, scale)
+        cost = await probe.cost(origin + marks[0] * scale, origin + marks[-1] * scale)
     extra: dict[str, Any] = {
         "faults": injector.to_json(),
         "health_events": events,
@@ -292,12 +281,80 @@ async def measure(
         "message_ages": own_ages,
         "rider_ages": rider_ages,
         "keyed_ages": keyed_ages,
-        "generator_cpu": generator_cpu,
+        "generator_cpu": window.generator_cpu,
+        "machine": cost,
     }
     if prometheus is None:
-        return Measurement(snapshots, report, r_series=r_series, **extra)
-    read = _from_prometheus(prometheus, instants, say)
-    return Measurement(read, report, direct=snapshots, r_series=r_series, source=prometheus, **extra)
+        return Measurement(window.snapshots, report, r_series=r_series, **extra)
+    read = _from_prometheus(prometheus, window.instants, say)
+    return Measurement(read, report, direct=window.snapshots, r_series=r_series, source=prometheus, **extra)
+
+
+def _background(
+    group: asyncio.TaskGroup,
+    exp: Experiment,
+    f: ClusterFile,
+    session: aiohttp.ClientSession,
+    probe: machine.Probe,
+    injector: Injector,
+    origin: float,
+    r_series: list[tuple[float, float]],
+) -> list[asyncio.Task[None]]:
+    """The tasks beside the load: the fault injector, the machine probe's echoes over the window, and the
+    sampler of what the policy learns."""
+    tasks = []
+    if exp.faults:
+        tasks.append(group.create_task(injector.run(session), name="faults"))
+    end = origin + (exp.run.warmup + exp.run.duration) * exp.run.time_scale
+    tasks.append(group.create_task(probe.ping(end), name="machine"))
+    learned = policy_of(exp).learned
+    if learned is not None:
+        url, scale = f.dispatchers[0].url, exp.run.time_scale
+        sampler = _sample_r(session, url, origin, scale, learned.name, r_series)
+        tasks.append(group.create_task(sampler, name="learned"))
+    return tasks
+
+
+async def _boundaries(
+    exp: Experiment,
+    f: ClusterFile,
+    session: aiohttp.ClientSession,
+    load: asyncio.Task[LoadReport],
+    origin: float,
+    marks: Sequence[float],
+    window: _Window,
+    instants: bool,
+    say: Say,
+) -> None:
+    """Scrape every process at each batch boundary (``instants``: also note when, for Prometheus)."""
+    urls = [e.url for e in f.dispatchers + f.node_hosts]
+    faulty = bool(exp.faults)
+    say(f"warm-up: {exp.run.warmup:g} model s = {exp.run.warmup * exp.run.time_scale:.1f} s wall")
+    for b, t in enumerate(marks):
+        delay = origin + t * exp.run.time_scale - time.monotonic()
+        if delay > 0:
+            await asyncio.wait([load], timeout=delay)  # wakes early only if the load failed
+        if load.done() and load.exception() is not None:
+            raise load.exception()  # type: ignore[misc]
+        if instants:
+            window.instants.append((time.time(), time.monotonic() - origin))
+        cpu = os.times()
+        window.generator_cpu.append(cpu.user + cpu.system)  # the generator's process: this one
+        # with faults a process may be down at a boundary: its batches are dropped
+        wait = 3.0 if faulty else 10.0
+        window.snapshots.append(await scrape(session, urls, origin, missing_ok=faulty, timeout=wait))
+        if b < len(marks) - 1:
+            say(f"measuring: batch {b + 1}/{len(marks) - 1} (model time {t:.4g} of {marks[-1]:.4g})")
+
+
+def _first(group: BaseExceptionGroup) -> BaseException:
+    """The first error of a task group that is not a cancellation (the one the run reports)."""
+    for e in group.exceptions:
+        if isinstance(e, BaseExceptionGroup):
+            return _first(e)
+        if not isinstance(e, asyncio.CancelledError):
+            return e
+    return group.exceptions[0]
 
 
 def _from_prometheus(url: str, instants: Sequence[tuple[float, float]], say: Say) -> list[Snapshot]:
@@ -547,6 +604,14 @@ def emulation_of(exp: Experiment, m: Measurement) -> Emulation:
     )
 
 
+def _legs_held(exp: Experiment, m: Measurement) -> LegCheck | None:
+    """Each leg of the run's tasks against what its machine probe measured over the window."""
+    if m.machine is None:
+        return None
+    busy = busiest(m.cpu, exp.run.duration * exp.run.time_scale)
+    return hold(m.load.records, m.machine, busy, exp.run.time_scale)
+
+
 def run_experiment(
     exp: Experiment,
     directory: Path,
@@ -605,6 +670,7 @@ def run_experiment(
         context,
         warnings,
         twin=Side(twin, raws["twin"]) if twin is not None else None,
+        legs=_legs_held(exp, m),
     )
     overhead = cluster.extras["network_overhead"]["value"]
     sojourn_off = [v for v in rep.verdicts if v.metric.startswith("sojourn") or v.metric == "mean_sojourn"]

@@ -17,6 +17,7 @@ from typing import Any
 from lbtestbed.analysis.comparison import paired
 from lbtestbed.analysis.comparison.compare import SCALARS, Side, Verdict, compare, holm, run_agrees
 from lbtestbed.analysis.comparison.representative import Representative, judge
+from lbtestbed.analysis.measurement.legs import FACTOR, LegCheck
 from lbtestbed.analysis.report import plots
 from lbtestbed.analysis.results.raw import RawRun
 from lbtestbed.analysis.results.regime import describe
@@ -54,17 +55,25 @@ class RunReport:
     twin: Result | None = None  # the simulation of the system that ran (the cluster's measured delays)
     # the second answer: whether the emulation's delays moved the policy's numbers beyond the tolerance
     representative: Representative | None = None
+    # each leg of the task path against what the machine cost meanwhile (None: no probe samples)
+    legs: LegCheck | None = None
 
     @property
     def agrees(self) -> bool:
-        """The first answer: the emulation is faithful (the comparisons that decide agree)."""
+        """The comparisons that decide agree."""
         return run_agrees(self.verdicts)
+
+    @property
+    def faithful(self) -> bool:
+        """The first answer: the comparisons that decide agree, and every leg is within what the machine
+        explains."""
+        return self.agrees and (self.legs is None or self.legs.explained)
 
     @property
     def passed(self) -> bool:
         """Both answers hold: faithful, and representative unless that was not judged (no twin, no
         simulation, or ``run.tolerance = "off"``): the run's exit code is 0 only then."""
-        return self.agrees and (self.representative is None or self.representative.holds is not False)
+        return self.faithful and (self.representative is None or self.representative.holds is not False)
 
     def verdict(self, metric: str, reference: str = "simulation", subject: str = "cluster") -> Verdict | None:
         return next(
@@ -82,7 +91,9 @@ class RunReport:
             "name": self.exp.name,
             "policy": self.exp.policy.name,
             "agrees": self.agrees,
+            "faithful": self.faithful,
             "passed": self.passed,
+            "legs": None if self.legs is None else self.legs.to_json(),
             "representative": None if self.representative is None else self.representative.to_json(),
             "results": {r.source: r.to_json() for r in sources if r is not None},
             "comparison": [v.to_json() for v in self.verdicts],
@@ -99,6 +110,7 @@ def build(
     context: dict[str, Any],
     warnings: Sequence[str] = (),
     twin: Side | None = None,
+    legs: LegCheck | None = None,
 ) -> RunReport:
     """The verdicts of a run. With a twin, cluster against twin (paired) decides, and so do the theory's
     exact and finite-n values against the zero-delay simulation; cluster and twin against the simulation
@@ -136,6 +148,7 @@ def build(
         list(warnings),
         twin.result if twin else None,
         judge(verdicts, exp.run.tolerance, exp.run.time_scale) if judged else None,
+        legs,
     )
 
 
@@ -343,8 +356,12 @@ def headline(rep: RunReport) -> str:
 
 
 def faithful_line(rep: RunReport) -> str:
-    """The first answer: the comparisons that decide, and whether they agree."""
+    """The first answer: the comparisons that decide, and whether they agree; a leg of the task path
+    beyond what the machine explains is named first (it makes the run disagree whatever the twin says)."""
     counted = [v for v in rep.verdicts if v.counts and v.agrees is not None]
+    slow = [leg.text() for leg in rep.legs.legs if leg.beyond] if rep.legs is not None else []
+    if slow:
+        return f"DISAGREES: {'; '.join(slow)}: the emulation spends time there that the machine does not"
     if not counted:
         return "NOTHING TO COMPARE: no metric has a reference that counts (no simulation, limit theory only)"
     what = _counted_groups(counted)
@@ -519,6 +536,33 @@ def _time_section(rep: RunReport) -> list[str]:
         "",
         "Every leg is a difference of two readings of the machine's monotonic clock, which all the "
         'cluster\'s processes share (docs/run.md, "Where the time goes"); `tasks.csv` has them per task.',
+        "",
+        *_legs_section(rep),
+    ]
+
+
+def _legs_section(rep: RunReport) -> list[str]:
+    """Each leg against what the machine explains (analysis.measurement.legs)."""
+    check = rep.legs
+    if check is None:
+        return []
+    rows = [["leg", "p50 ms", "the machine explains", "ratio", ""]]
+    for leg in check.legs:
+        word = "beyond" if leg.beyond else "explained"
+        rows.append(
+            [leg.leg, f"{1e3 * leg.measured:.3g}", f"{1e3 * leg.explained:.2g} ms", f"{leg.ratio:.2g}", word]
+        )
+    m = check.machine
+    return [
+        "### Each leg against the machine",
+        "",
+        table(rows, markdown=True),
+        "",
+        f"The machine meanwhile: one hop {1e3 * m.hop:.2g} ms (half the p50 of {len(m.round_trips)} echoes "
+        f"of a bare probe beside the cluster), one timer wake-up {1e3 * m.timer:.2g} ms late (p50 of "
+        f"{len(m.timer_lateness)}); the busiest cluster process used {100 * check.busy:.0f} % of a core. A "
+        f'leg beyond {FACTOR:g} times what they explain counts against the run (docs/run.md, "Legs held '
+        'against the machine").',
         "",
     ]
 
