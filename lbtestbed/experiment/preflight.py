@@ -294,9 +294,13 @@ def prepare(
     cal = load_calibration(say)
     record: dict[str, Any] = {"calibration": cal.to_json()}
     if exp.run.auto_time_scale:
-        scale, why = auto_time_scale(exp, cal, node_processes)
+        from lbtestbed.experiment.calibration import auto_scale  # a cluster of its own, for auto only
+
+        first, _ = auto_time_scale(exp, cal, node_processes)
+        scale, live, why = auto_scale(exp, first, node_processes, say)
         exp = resolve(exp, scale)
         record["time_scale"] = {"auto": True, "picked": scale, "why": why}
+        record["live"] = [x.to_json() for x in live]
         say(why)
     est = estimate(exp, cal, None, node_processes)
     level, line = judge(est, cal)

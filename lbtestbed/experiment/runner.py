@@ -604,6 +604,22 @@ def emulation_of(exp: Experiment, m: Measurement) -> Emulation:
     )
 
 
+def _how_close(preflight: dict[str, Any], cluster: Result, rep: RunReport) -> str:
+    """How close the pre-flight's estimate came: its live calibration at the scale picked where it made one,
+    else its table's."""
+    from lbtestbed.experiment.calibration import how_close
+
+    measured_ms = cluster.extras["overhead"]["legs"]["total"]["p50_ms"]
+    costs = {c.metric: c.cost for c in rep.representative.costs} if rep.representative else {}
+    picked = preflight.get("time_scale", {}).get("picked")
+    live = [x for x in preflight.get("live", []) if x["time_scale"] == picked]
+    if live:
+        x = live[-1]
+        return how_close("live", x["overhead_p50_ms"], x["cost"], measured_ms, costs.get("mean_sojourn"))
+    est = preflight["estimate"]["overhead_ms"]
+    return how_close("the machine's table", est, None, measured_ms, costs.get("mean_sojourn"))
+
+
 def _legs_held(exp: Experiment, m: Measurement) -> LegCheck | None:
     """Each leg of the run's tasks against what its machine probe measured over the window."""
     if m.machine is None:
@@ -672,6 +688,9 @@ def run_experiment(
         twin=Side(twin, raws["twin"]) if twin is not None else None,
         legs=_legs_held(exp, m),
     )
+    if preflight and "estimate" in preflight:
+        preflight["how_close"] = _how_close(preflight, cluster, rep)
+        say(preflight["how_close"])
     overhead = cluster.extras["network_overhead"]["value"]
     sojourn_off = [v for v in rep.verdicts if v.metric.startswith("sojourn") or v.metric == "mean_sojourn"]
     if overhead and any(v.counts and v.agrees is False for v in sojourn_off):

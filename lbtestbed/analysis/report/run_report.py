@@ -625,6 +625,7 @@ def markdown(rep: RunReport, images: Sequence[Path]) -> str:
         f"{load.get('late_sends', 0)} late sends (lateness p99 {_num(load.get('lateness_p99_ms'))} ms)",
         f"- network and dispatch overhead per task (client sojourn minus time at the node): "
         f"{_num(overhead.get('value'), overhead.get('ci95'))} model s",
+        *([f"- {close}"] if (close := (rep.context.get("preflight") or {}).get("how_close")) else []),
         f"- written {datetime.datetime.now().isoformat(timespec='seconds')}",
         "",
         "## Plots",
