@@ -281,13 +281,15 @@ def compare_paired_scalar(
         return v
     _fill_paired(v, p)
     v.distance = p.distance()
-    v.own_p = p.p()
+    large = p.outlier_large(v.expected)
+    v.own_p = p.p(outlier=large)
     v.agrees = v.own_p is None or v.own_p > 0.05
     v.why = f"paired over {p.pairs} batches ({p.scale.replace('_', ' ')})"
     if p.outlier is not None:
         gap = _batch_gap(p.scale, p.outlier_gap)
-        v.why += f"; batch {p.outlier} furthest apart ({gap}, Grubbs p = {p.outlier_p:.2g})"
-        if p.outlier_decides():
+        small = "" if large else f", below the {100 * paired.BATCH_GAP:g} % that counts"
+        v.why += f"; batch {p.outlier} furthest apart ({gap}, Grubbs p = {p.outlier_p:.2g}{small})"
+        if large and p.outlier_decides():
             v.outlier_batch, v.outlier_gap = p.outlier, p.outlier_gap
     return v
 
