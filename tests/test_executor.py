@@ -25,7 +25,8 @@ import pytest
 from lbtestbed.analysis.results.raw import RawRun
 from lbtestbed.analysis.simulator import simulate_once
 from lbtestbed.cli import main
-from lbtestbed.experiment.errors import BadInput
+from lbtestbed.experiment import executor
+from lbtestbed.experiment.errors import BadInput, Failed
 from lbtestbed.experiment.executor import executor_address, open_executor, run_each
 from lbtestbed.spec import load_spec
 
@@ -315,12 +316,38 @@ def test_what_is_not_a_scheduler_is_refused(dask_cluster: str) -> None:
         assert ex.name == dask_cluster
 
 
+def test_workers_of_another_version_are_refused(dask_cluster: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client of another lbtestbed version than its workers' is refused, naming a worker and both."""
+    monkeypatch.setattr(executor, "__version__", "0.0.0+other")
+    words = r"worker tcp://127\.0\.0\.1:\d+ runs lbtestbed .*, this machine 0\.0\.0\+other"
+    with pytest.raises(BadInput, match=words), open_executor(dask_cluster):
+        pass
+
+
 def test_a_scheduler_without_workers_is_refused(tmp_path: Path) -> None:
     procs: list[subprocess.Popen[bytes]] = []
     try:
         address = _scheduler(tmp_path, procs, [])
         with pytest.raises(BadInput, match="no worker after 1 s"), open_executor(address, timeout=1):
             pass
+    finally:
+        _stop(procs)
+        assert not [pid for p in procs for pid in _alive(p.pid)], "Dask processes left behind"
+
+
+def test_a_run_that_loses_every_worker_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dask would wait for a worker for ever; the run gives up (exit 1) after WORKERLESS seconds."""
+    monkeypatch.setattr(executor, "WORKERLESS", 1.0)
+    monkeypatch.setattr(executor, "CHECK_WORKERS", 0.2)
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        address = _scheduler(tmp_path, procs, [])
+        _worker(address, tmp_path, procs, [])
+        with open_executor(address, timeout=START_TIMEOUT) as ex:
+            os.killpg(procs[0].pid, signal.SIGKILL)  # the worker and its nanny, at once
+            procs[0].wait()
+            with pytest.raises(Failed, match="no worker for 1 s, 2 calls not done"):
+                run_each(ex, time.sleep, [(0.01,), (0.01,)])
     finally:
         _stop(procs)
         assert not [pid for p in procs for pid in _alive(p.pid)], "Dask processes left behind"

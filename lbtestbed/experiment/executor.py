@@ -18,6 +18,7 @@ import contextlib
 import importlib.metadata
 import re
 import socket
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import as_completed as local_as_completed
@@ -32,6 +33,10 @@ T = TypeVar("T")
 LOCAL = "local"
 #: wall seconds a scheduler has to answer, and then to have a worker, before the command gives up
 CONNECT_TIMEOUT = 5.0
+#: wall seconds a run goes on without a single worker (they may come back) before it gives up
+WORKERLESS = 60.0
+CHECK_WORKERS = 2.0  # wall seconds between asking the scheduler for its workers while waiting
+POLL = 0.05  # wall seconds between looks for finished calls
 _ADDRESS = re.compile(r"tcp://(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?P<port>[0-9]{1,5})")
 
 
@@ -99,9 +104,26 @@ class _Dask:
         return self.client.submit(fn, *args, pure=False)
 
     def as_completed(self, pending: Iterable[Pending]) -> Iterator[Pending]:
+        """The calls as they finish; Failed when the scheduler has had no worker for ``WORKERLESS``
+        seconds (Dask itself would wait for one for ever)."""
         from distributed import as_completed
 
-        return iter(as_completed(list(pending), loop=self.client.loop))
+        finished = as_completed(list(pending), loop=self.client.loop)
+        checked = seen = time.monotonic()
+        while not finished.is_empty():
+            if finished.has_ready():
+                yield from finished.next_batch(block=False)
+                continue
+            time.sleep(POLL)
+            now = time.monotonic()
+            if now - checked >= CHECK_WORKERS:
+                checked = now
+                if self.client.nthreads():
+                    seen = now
+                elif now - seen >= WORKERLESS:
+                    raise Failed(
+                        f"{self.name}: no worker for {WORKERLESS:g} s, {finished.count()} calls not done"
+                    )
 
 
 @contextlib.contextmanager
@@ -188,10 +210,10 @@ def _check_workers(client: Any, address: str, timeout: float) -> None:
         ) from None
     try:
         versions = client.run(importlib.metadata.version, "lbtestbed")
-    except importlib.metadata.PackageNotFoundError:
+    except Exception as e:  # PackageNotFoundError from a worker without it, as a rule
         raise BadInput(
-            f"--executor {address}: a worker has no lbtestbed (install lbtestbed {__version__} on every "
-            f"machine)"
+            f"--executor {address}: a worker cannot say its lbtestbed version ({type(e).__name__}: {e}; "
+            f"install lbtestbed {__version__} on every machine)"
         ) from None
     for worker, version in sorted(versions.items()):
         if version != __version__:
