@@ -53,7 +53,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     try:
         result = simulate(
-            exp, replications=args.replications, jobs=args.jobs, records=records, quiet=args.quiet
+            exp,
+            replications=args.replications,
+            jobs=args.jobs,
+            executor=args.executor,
+            records=records,
+            quiet=args.quiet,
         )
     finally:
         if records is not None:
@@ -296,6 +301,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     options = SweepOptions(
         simulate_only=args.simulate_only,
         jobs=args.jobs,
+        executor=args.executor,
         node_processes=args.node_processes,
         force=args.force,
         out=Path(args.out) if args.out else None,

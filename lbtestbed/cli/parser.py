@@ -101,8 +101,9 @@ def _simulate(sub: Commands) -> None:
         type=at_least(1),
         default=os.cpu_count() or 1,
         metavar="J",
-        help="processes for replications (default: the number of cores)",
+        help="processes of the local pool for replications (default: the number of cores)",
     )
+    _add_executor(sim, "the replications")
     sim.add_argument(
         "--records",
         metavar="FILE",
@@ -413,13 +414,42 @@ def _sweep(sub: Commands) -> None:
     swp.add_argument("--simulate-only", action="store_true", help="simulate each point, no cluster")
     swp.add_argument("--out", metavar="DIR", help="sweep directory (default reports/sweep-<name>-<time>)")
     swp.add_argument(
-        "--jobs", type=at_least(1), default=os.cpu_count() or 1, metavar="J", help="parallel simulations"
+        "--jobs",
+        type=at_least(1),
+        default=os.cpu_count() or 1,
+        metavar="J",
+        help="processes of the local pool for --simulate-only (default: the number of cores)",
     )
+    _add_executor(swp, "--simulate-only's points")
     _add_processes(swp)
     _add_force(swp)
     swp.add_argument("--json", action="store_true", help="print sweep.json's object instead of the table")
     swp.add_argument("--quiet", action="store_true", help="no progress on stderr")
     swp.set_defaults(func=commands.cmd_sweep)
+
+
+def executor(text: str) -> str:
+    """An argparse type: ``local`` or a Dask scheduler's address (experiment.executor)."""
+    from lbtestbed.experiment.executor import executor_address
+
+    try:
+        return executor_address(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _add_executor(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--executor``, the same for every command that runs independent simulations."""
+    parser.add_argument(
+        "--executor",
+        type=executor,
+        default="local",
+        metavar="WHERE",
+        help=f"where {what} run: local (a process pool of --jobs processes, the default) or the address of "
+        "a Dask scheduler, tcp://HOST:PORT as dask scheduler prints it, whose workers (on any machines, "
+        "each with this lbtestbed installed) run them with the same results (README, Sweeps on a cluster "
+        "of machines)",
+    )
 
 
 def _add_cluster_file(parser: argparse.ArgumentParser) -> None:

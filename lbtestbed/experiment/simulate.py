@@ -1,15 +1,16 @@
-"""``lbt simulate``: one run of the simulator (batch means), or independent replications in parallel
-processes, summarized into the result object."""
+"""``lbt simulate``: one run of the simulator (batch means), or independent replications on an executor
+(a local process pool, or a Dask scheduler's workers: ``executor``), summarized into the result object."""
 
 from __future__ import annotations
 
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import IO
 
 from lbtestbed.analysis.results.raw import RawRun
 from lbtestbed.analysis.results.result import Result, summarize
 from lbtestbed.analysis.simulator import simulate_once
 from lbtestbed.analysis.simulator.records import simulate_with_records
+from lbtestbed.experiment.errors import BadInput
+from lbtestbed.experiment.executor import LOCAL, open_executor, run_each
 from lbtestbed.experiment.progress import optional_progress
 from lbtestbed.model.experiment import Experiment
 
@@ -19,16 +20,22 @@ def simulate(
     *,
     replications: int = 1,
     jobs: int = 1,
+    executor: str = LOCAL,
     records: IO[str] | None = None,
     quiet: bool = False,
 ) -> Result:
-    """The simulation's result: one run when ``replications`` is 1 (its per-task ``records`` written
-    when given), else that many replications in at most ``jobs`` processes; progress on stderr unless
+    """The simulation's result: one run here when ``replications`` is 1 (its per-task ``records``
+    written when given), else that many replications on ``executor`` (``local``: at most ``jobs``
+    processes; or a Dask scheduler's address, BadInput when it cannot serve); progress on stderr unless
     ``quiet``."""
     if replications == 1:
+        if executor != LOCAL:
+            raise BadInput(
+                f"--executor {executor}: one run (batch means) runs here; the executor runs --replications K"
+            )
         raws = [_one_run(exp, records, quiet)]
     else:
-        raws = _replications(exp, replications, jobs, quiet)
+        raws = _replications(exp, replications, executor, jobs, quiet)
     return summarize(exp, raws)
 
 
@@ -46,14 +53,12 @@ def _one_run(exp: Experiment, records: IO[str] | None, quiet: bool) -> RawRun:
     return raw
 
 
-def _replications(exp: Experiment, k: int, jobs: int, quiet: bool) -> list[RawRun]:
-    """``k`` independent replications in at most ``jobs`` processes, in replication order."""
+def _replications(exp: Experiment, k: int, executor: str, jobs: int, quiet: bool) -> list[RawRun]:
+    """``k`` independent replications on ``executor``, in replication order; the progress counts them
+    as they finish."""
     with (
+        open_executor(executor, min(k, jobs)) as ex,
         optional_progress(quiet, f"{exp.name}: replications", k, "replications") as bar,
-        ProcessPoolExecutor(max_workers=min(k, jobs)) as pool,
     ):
-        futures = [pool.submit(simulate_once, exp, i) for i in range(k)]
-        for done, _ in enumerate(as_completed(futures), 1):
-            if bar is not None:
-                bar.update(done)
-        return [f.result() for f in futures]
+        done = None if bar is None else lambda finished, _i, _raw: bar.update(finished)
+        return run_each(ex, simulate_once, [(exp, i) for i in range(k)], done)

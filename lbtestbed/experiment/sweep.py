@@ -2,7 +2,8 @@
 
 ``--set key=a,b,c`` gives a key several values; the grid is every combination, in the order given. Each
 point is a full ``lbt run`` (cluster, simulation, theory, its own report directory) or, with
-``--simulate-only``, a simulation beside the theory. The combined table has one row per point; the plot
+``--simulate-only``, a simulation beside the theory, the points on an executor (a local process pool, or a
+Dask scheduler's workers on other machines: ``executor``). The combined table has one row per point; the plot
 users ask for most sets messages per task against mean sojourn (or utility, for pools), one point per policy
 and setting. ``run_sweep`` is what the command calls: every point checked before the first runs, then the
 points, then the directory written.
@@ -16,7 +17,6 @@ import itertools
 import json
 import re
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from typing import Any
 from lbtestbed.analysis.report import plots
 from lbtestbed.analysis.results.result import Result
 from lbtestbed.experiment.errors import BadInput, Failed
+from lbtestbed.experiment.executor import LOCAL, Executor, open_executor, run_each
 from lbtestbed.experiment.preflight import prepare
 from lbtestbed.experiment.progress import optional_progress
 from lbtestbed.experiment.run import default_directory, run_errors, run_size_problem
@@ -141,7 +142,8 @@ class SweepOptions:
     """How ``lbt sweep`` runs its points (its options, defaults as there)."""
 
     simulate_only: bool = False  # a simulation beside the theory for each point, no cluster
-    jobs: int = 2  # parallel simulations
+    jobs: int = 2  # parallel simulations on the local pool
+    executor: str = LOCAL  # or a Dask scheduler's address, tcp://HOST:PORT (simulate_only)
     node_processes: int | None = None
     force: bool = False  # run even points the pre-flight estimate refuses
     out: Path | None = None  # the sweep directory; None: default_directory
@@ -157,20 +159,29 @@ class SweepOutcome:
 
 def run_sweep(exp: Experiment, overrides: Sequence[str], options: SweepOptions, say: Say) -> SweepOutcome:
     """The sweep of ``exp`` over the grid of ``overrides``, written to its directory. SpecError for a bad
-    point and BadInput for one the machine or the run cannot hold, both before the first point runs;
-    Failed when a cluster run fails."""
+    point and BadInput for one the machine or the run cannot hold, or an executor that cannot serve, all
+    before the first point runs; Failed when a cluster run fails or the executor loses its workers."""
     points = experiments(exp, overrides)
-    if not options.simulate_only:
-        points = _checked(points, options, say)
     directory = options.out or default_directory(f"sweep-{exp.name}")
+    if options.simulate_only:
+        with (
+            open_executor(options.executor, min(options.jobs, len(points))) as executor,
+            optional_progress(options.quiet, f"{exp.name}: sweep", len(points), "points") as bar,
+        ):
+            done = simulate_points(points, executor, say, None if bar is None else bar.update)
+        return SweepOutcome(done, write(directory, exp.source, done), directory)
+    if options.executor != LOCAL:
+        raise BadInput(
+            f"--executor {options.executor}: a sweep of cluster runs runs its points one by one on this "
+            f"machine; the executor runs --simulate-only sweeps"
+        )
+    points = _checked(points, options, say)
     with optional_progress(options.quiet, f"{exp.name}: sweep", len(points), "points") as bar:
         try:
-            done = sweep(
+            done = run_points(
                 points,
                 directory,
                 say,
-                simulate_only=options.simulate_only,
-                jobs=options.jobs,
                 progress=None if bar is None else bar.update,
                 node_processes=options.node_processes,
             )
@@ -193,33 +204,49 @@ def _checked(
     return out
 
 
-def sweep(
+def _keys(points: Sequence[tuple[list[str], Experiment]]) -> list[str]:
+    """The settings that name a point: the keys that vary, or every key of a grid of one point."""
+    settings = [p for p, _ in points]
+    return varying(settings) or [item.partition("=")[0] for item in settings[0]]
+
+
+def simulate_points(
+    points: Sequence[tuple[list[str], Experiment]],
+    executor: Executor,
+    say: Say,
+    progress: Callable[[int], None] | None = None,
+) -> list[Point]:
+    """Simulate every point of ``experiments(...)`` beside its theory on ``executor``, the points in grid
+    order; a line and ``progress(k)`` as the k-th finishes (in the order they finish)."""
+    keys = _keys(points)
+
+    def done(finished: int, i: int, _: tuple[Result, Result]) -> None:
+        label = _label(_settings(points[i][0], keys))
+        say(f"point {i + 1} simulated ({finished}/{len(points)} done): {label}")
+        if progress is not None:
+            progress(finished)
+
+    results = run_each(executor, _simulate, [(exp,) for _, exp in points], done)
+    return [
+        Point(_settings(p, keys), result, theory)
+        for (p, _), (result, theory) in zip(points, results, strict=True)
+    ]
+
+
+def run_points(
     points: Sequence[tuple[list[str], Experiment]],
     directory: Path,
     say: Say,
-    *,
-    simulate_only: bool = False,
-    jobs: int = 2,
     progress: Callable[[int], None] | None = None,
     **cluster_options: Any,
 ) -> list[Point]:
-    """Run (or simulate) every point of ``experiments(...)``; ``progress(k)`` after the k-th is done."""
-    settings = [p for p, _ in points]
-    keys = varying(settings) or [item.partition("=")[0] for item in settings[0]]
-    directory.mkdir(parents=True, exist_ok=True)
-    out: list[Point] = []
-    if simulate_only:
-        with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
-            futures = [pool.submit(_simulate, exp) for _, exp in points]
-            for i, (p, fut) in enumerate(zip(settings, futures, strict=True), 1):
-                result, theory = fut.result()
-                say(f"point {i}/{len(points)} simulated: {_label(_settings(p, keys))}")
-                out.append(Point(_settings(p, keys), result, theory))
-                if progress is not None:
-                    progress(len(out))
-        return out
+    """Run every point of ``experiments(...)`` on a cluster of this machine, one by one, each with its
+    report in a directory of its own under ``directory``; ``progress(k)`` after the k-th is done."""
     from lbtestbed.experiment.runner import run_experiment
 
+    keys = _keys(points)
+    directory.mkdir(parents=True, exist_ok=True)
+    out: list[Point] = []
     for i, (p, exp) in enumerate(points, 1):
         sub = directory / (f"{i:02d}-" + re.sub(r"[^A-Za-z0-9_.=-]+", "_", "-".join(p))[:80])
         say(f"point {i}/{len(points)}: {_label(_settings(p, keys))}")
