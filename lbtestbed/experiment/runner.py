@@ -25,7 +25,15 @@ import aiohttp
 
 from lbtestbed.analysis.comparison.compare import Side
 from lbtestbed.analysis.measurement.cpu import cpu_per_task
-from lbtestbed.analysis.measurement.legs import LegCheck, MachineCost, busiest, hold
+from lbtestbed.analysis.measurement.legs import (
+    LegCheck,
+    MachineCost,
+    SchedStat,
+    busiest,
+    hold,
+    read_schedstat,
+    unavailable,
+)
 from lbtestbed.analysis.measurement.measure import NODE_CLOCK, cluster_raw
 from lbtestbed.analysis.measurement.overhead import overhead_of, write_records
 from lbtestbed.analysis.measurement.scrape import Snapshot, from_query, scrape
@@ -76,6 +84,7 @@ class Measurement:
     generator_cpu: list[float] = field(default_factory=list)  # this process's CPU seconds at each boundary
     cpu: dict[str, Any] = field(default_factory=dict)  # analysis.measurement.cpu.cpu_per_task
     machine: MachineCost | None = None  # what the machine cost its probe over the window
+    unavailable: float | None = None  # the least available cluster process's running-or-waiting share
 
 
 def warmup_warning(exp: Experiment) -> str | None:
@@ -216,6 +225,8 @@ class _Window:
     snapshots: list[Snapshot] = field(default_factory=list)
     instants: list[tuple[float, float]] = field(default_factory=list)  # (unix time, wall s since model 0)
     generator_cpu: list[float] = field(default_factory=list)
+    # the kernel's account of every cluster process (by pid) at the window's first and last boundary
+    sched: list[dict[int, SchedStat]] = field(default_factory=list)
 
 
 async def measure(
@@ -283,6 +294,7 @@ async def measure(
         "keyed_ages": keyed_ages,
         "generator_cpu": window.generator_cpu,
         "machine": cost,
+        "unavailable": _unavailable(window, exp.run.duration * scale),
     }
     if prometheus is None:
         return Measurement(window.snapshots, report, r_series=r_series, **extra)
@@ -328,6 +340,7 @@ async def _boundaries(
 ) -> None:
     """Scrape every process at each batch boundary (``instants``: also note when, for Prometheus)."""
     urls = [e.url for e in f.dispatchers + f.node_hosts]
+    pids = [e for e in f.dispatchers + f.node_hosts if e.pid]
     faulty = bool(exp.faults)
     say(f"warm-up: {exp.run.warmup:g} model s = {exp.run.warmup * exp.run.time_scale:.1f} s wall")
     for b, t in enumerate(marks):
@@ -340,11 +353,18 @@ async def _boundaries(
             window.instants.append((time.time(), time.monotonic() - origin))
         cpu = os.times()
         window.generator_cpu.append(cpu.user + cpu.system)  # the generator's process: this one
+        if b in (0, len(marks) - 1):
+            window.sched.append({e.pid: s for e in pids if (s := read_schedstat(e.pid)) is not None})
         # with faults a process may be down at a boundary: its batches are dropped
         wait = 3.0 if faulty else 10.0
         window.snapshots.append(await scrape(session, urls, origin, missing_ok=faulty, timeout=wait))
         if b < len(marks) - 1:
             say(f"measuring: batch {b + 1}/{len(marks) - 1} (model time {t:.4g} of {marks[-1]:.4g})")
+
+
+def _unavailable(window: _Window, wall: float) -> float | None:
+    """The least available cluster process's running-or-waiting share of the window (legs.unavailable)."""
+    return unavailable(window.sched[0], window.sched[-1], wall) if len(window.sched) == 2 else None
 
 
 def _first(group: BaseExceptionGroup) -> BaseException:
@@ -624,7 +644,9 @@ def _legs_held(exp: Experiment, m: Measurement) -> LegCheck | None:
     """Each leg of the run's tasks against what its machine probe measured over the window."""
     if m.machine is None:
         return None
-    busy = busiest(m.cpu, exp.run.duration * exp.run.time_scale)
+    busy = (
+        m.unavailable if m.unavailable is not None else busiest(m.cpu, exp.run.duration * exp.run.time_scale)
+    )
     return hold(m.load.records, m.machine, busy, exp.run.time_scale)
 
 

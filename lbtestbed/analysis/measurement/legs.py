@@ -21,11 +21,15 @@ leg                       what it is                                          ex
 ``reply``                 the same and the dispatcher's answer to the client  t + 2 h
 ========================  ==================================================  ==========
 
-A cluster process busy a share u of its core makes each request wait longer, by about 1 / (1 - u) (the M/M/1
-inflation, as the pre-flight assumes); the busiest process of the run sets u, so that no leg is blamed for a
-busy machine. A leg whose median is more than ``FACTOR`` times what the machine explains (at least ``FLOOR``
-wall seconds) is named: the emulation spends time there that the machine does not, and the run is not
-faithful whatever the twin says.
+The probe, idle, is served by the machine at once; a cluster process is not. Over the window a process is
+unavailable to a new request for a share a of the time: running something else (its CPU share) or
+runnable and waiting for a core (its run delay, from the kernel's own account in ``/proc/PID/schedstat``:
+on a machine that other work keeps busy this is the larger part). A request that finds the process at a
+random moment waits about 1 / (1 - a) times longer than it would on an idle one (the M/M/1 inflation,
+taking a as the server's busy share); the least available process of the run sets a, so that no leg is
+blamed for a busy machine. A leg whose median is more than ``FACTOR`` times what the machine explains (at
+least ``FLOOR`` wall seconds) is named: the emulation spends time there that the machine does not, and the
+run is not faithful whatever the twin says.
 """
 
 from __future__ import annotations
@@ -44,9 +48,9 @@ FACTOR = 4.0
 #: the least a leg is allowed, wall seconds: Python's own work per request, which the probe's echo does not
 #: repeat exactly, is a few tenths of a millisecond
 FLOOR = 1e-3
-#: the busiest share of a core the inflation is taken at (beyond, a process is saturated and the run's own
-#: pre-flight should have refused it)
-MAX_BUSY = 0.9
+#: the largest unavailable share the inflation is taken at (beyond, a process is saturated: the inflation
+#: would explain anything)
+MAX_BUSY = 0.95
 #: how many hops (h) and timer wake-ups (t) each leg crosses (module docstring)
 CROSSES: dict[str, tuple[int, int]] = {
     "late": (0, 1),
@@ -96,7 +100,7 @@ class LegHeld:
 @dataclass(frozen=True)
 class LegCheck:
     machine: MachineCost
-    busy: float  # the busiest cluster process's share of a core over the window
+    busy: float  # the least available cluster process's unavailable share over the window (module docstring)
     legs: tuple[LegHeld, ...]
 
     @property
@@ -146,9 +150,35 @@ def hold(records: Sequence[TaskRecord], machine: MachineCost, busy: float, scale
     return LegCheck(machine, busy, tuple(held))
 
 
+#: a process's account from /proc/PID/schedstat: (CPU nanoseconds, run-delay nanoseconds, time slices)
+SchedStat = tuple[int, int, int]
+
+
+def read_schedstat(pid: int) -> SchedStat | None:
+    """The kernel's account of process ``pid`` (None where it is not readable: not on this machine, gone,
+    or a kernel without schedstats)."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            cpu, delay, slices = (int(x) for x in f.read().split()[:3])
+    except (OSError, ValueError):
+        return None
+    return cpu, delay, slices
+
+
+def unavailable(first: Mapping[int, SchedStat], last: Mapping[int, SchedStat], wall: float) -> float | None:
+    """The largest share of ``wall`` seconds that a process of ``first`` and ``last`` (schedstats by pid, at
+    the window's ends) was running or waiting for a core; None without any process read at both ends."""
+    shares = [
+        ((last[p][0] - a[0]) + (last[p][1] - a[1])) / 1e9 / wall
+        for p, a in first.items()
+        if p in last and wall > 0 and last[p][0] >= a[0]
+    ]
+    return max(shares, default=None)
+
+
 def busiest(cpu: Mapping[str, Any], window_wall: float) -> float:
     """The busiest cluster process's share of a core over the window, from ``cpu_per_task``'s object (the
-    generator aside: its lateness is its own leg)."""
+    generator aside: its lateness is its own leg): the unavailable share where schedstats are missing."""
     shares = [
         p["cpu_seconds"] / window_wall
         for p in cpu.get("processes", [])
