@@ -137,6 +137,8 @@ class Verifier:
     def _verify(self, method: str, path: str, value: str | None, body: bytes, to: bytes) -> bytes:
         if not value:
             raise Unauthorized("missing signature (Authorization: LBT-MAC sender:counter:time:mac)")
+        if not value.isascii():  # hmac.compare_digest refuses non-ASCII strings with TypeError
+            raise Unauthorized("malformed signature (non-ASCII characters)")
         scheme, _, rest = value.partition(" ")
         tag, _, mac = rest.rpartition(":")
         parts = tag.split(":")

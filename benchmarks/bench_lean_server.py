@@ -1,0 +1,303 @@
+"""The lean HTTP/1.1 server (lbtestbed/transport/lean_http.py) against a bare asyncio.Protocol echo and an
+aiohttp echo, in one run (issue 26).
+
+Every server is an echo in a process of its own on uvloop, answering ``{"ok": true}`` to each POST:
+
+* **protocol**: a bare ``asyncio.Protocol`` that finds the head's end and Content-Length and writes a fixed
+  answer: the floor of any HTTP server in Python;
+* **aiohttp**: a ``web.Application`` with one route, as the cluster's processes serve today;
+* **lean**: ``LeanServer`` with one route whose handler is a coroutine (as the task handlers are: the
+  server runs each as an asyncio task);
+* **lean-signed**: the same route for peers only: the client signs each request and checks each answer's
+  signature (``transport.signing``), as between dispatcher and node.
+
+They get the same open-loop Poisson load (R requests per wall second on an absolute schedule, round trip
+from the intended send, the project's ``HttpPool`` client, as ``bench_overhead.py``) in interleaved rounds,
+so that a busy moment of the machine falls on every server alike. Reported per server: p50 and p99 of the
+round trip, the server process's CPU per request (user + system, from /proc through psutil, over each
+round), and each as a ratio to the protocol echo's.
+
+    .venv/bin/python benchmarks/bench_lean_server.py [--rate 2000] [--seconds 5] [--rounds 3] [--json]
+    .venv/bin/python benchmarks/bench_lean_server.py --profile lean-signed   # cProfile of the server
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import uvloop
+
+from lbtestbed.cluster.processes import free_ports
+from lbtestbed.transport.http import HttpPool
+from lbtestbed.transport.signing import Signer
+
+KINDS = ("protocol", "aiohttp", "lean", "lean-signed")
+KEY = "k" * 32
+BODY = b'{"work": 1.0, "origin": 0}'
+ANSWER = b'{"ok": true}'
+
+# ============================================================================================ the servers
+
+
+class _Echo(asyncio.Protocol):
+    """The bare echo: what any HTTP server must do at least (find the head's end, read the body's length)."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        self.buffer = b""
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buffer + data
+        while True:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                break
+            at = buf.find(b"Content-Length: ", 0, end)
+            length = int(buf[at + 16 : buf.find(b"\r\n", at)]) if at >= 0 else 0
+            if len(buf) < end + 4 + length:
+                break
+            buf = buf[end + 4 + length :]
+            self.transport.write(  # type: ignore[attr-defined]
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                % (len(ANSWER), ANSWER)
+            )
+        self.buffer = buf
+
+
+async def _serve(kind: str, port: int) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    if kind == "protocol":
+        server = await loop.create_server(_Echo, "127.0.0.1", port, backlog=4096)
+        await stop.wait()
+        server.close()
+    elif kind == "aiohttp":
+        from aiohttp import web
+
+        async def echo(request: web.Request) -> web.Response:
+            await request.read()
+            return web.Response(body=ANSWER, content_type="application/json")
+
+        app = web.Application()
+        app.router.add_post("/echo", echo)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port, backlog=4096).start()
+        await stop.wait()
+        await runner.cleanup()
+    else:
+        from lbtestbed.transport.lean_http import LeanServer, Request, Response, Routes
+        from lbtestbed.transport.signing import Verifier
+
+        async def lean_echo(request: Request) -> Response:
+            return Response(200, ANSWER)
+
+        routes = Routes()
+        verifier = Verifier(KEY, f"http://127.0.0.1:{port}") if kind == "lean-signed" else None
+        routes.post("/echo", lean_echo, verifier=verifier)
+        lean = LeanServer(routes)
+        await lean.start("127.0.0.1", port)
+        await stop.wait()
+        await lean.close()
+
+
+def serve(kind: str, port: int, profile: str | None) -> None:
+    """The server process (``--serve KIND PORT``); with ``profile`` it writes cProfile stats there."""
+    if profile is None:
+        uvloop.run(_serve(kind, port))
+        return
+    import cProfile
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    uvloop.run(_serve(kind, port))
+    profiler.disable()
+    profiler.dump_stats(profile)
+
+
+# ============================================================================================ the load
+
+
+def poisson_times(rate: float, seconds: float, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    gaps = rng.exponential(1.0 / rate, int(rate * seconds * 1.5) + 100)
+    times = np.cumsum(gaps)
+    return times[times < seconds]
+
+
+async def load_round(url: str, times: np.ndarray, signed: bool) -> np.ndarray:
+    """Round trips (s) of POSTs sent on the absolute schedule ``times``, each from its intended send."""
+    pool = HttpPool(url, signer=Signer(KEY) if signed else None)
+    out = np.full(len(times), np.nan)
+
+    async def one(i: int, intended: float) -> None:
+        status, body = await pool.post("/echo", BODY, timeout=10.0)
+        if status == 200 and body == ANSWER:
+            out[i] = time.monotonic() - intended
+
+    start = time.monotonic() + 0.05
+    pending: set[asyncio.Future[None]] = set()
+    for i, t in enumerate(times):
+        intended = start + float(t)
+        while (now := time.monotonic()) < intended:
+            await asyncio.sleep(intended - now)
+        task = asyncio.ensure_future(one(i, intended))
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+    if pending:
+        await asyncio.gather(*pending, return_exceptions=True)
+    pool.close()
+    return out
+
+
+def cpu_seconds(proc: psutil.Process) -> float:
+    t = proc.cpu_times()
+    return float(t.user + t.system)
+
+
+def start_servers(
+    kinds: list[str], profile_dir: str | None = None
+) -> dict[str, tuple[subprocess.Popen[bytes], str]]:
+    ports = free_ports(len(kinds))
+    servers = {}
+    for kind, port in zip(kinds, ports, strict=True):
+        args = [sys.executable, __file__, "--serve", kind, str(port)]
+        if profile_dir is not None:
+            args += ["--profile-out", os.path.join(profile_dir, f"{kind}.prof")]
+        servers[kind] = (subprocess.Popen(args), f"http://127.0.0.1:{port}")
+    for _, url in servers.values():
+        _wait_listening(url)
+    return servers
+
+
+def _wait_listening(url: str) -> None:
+    import socket
+
+    host, port = url.rsplit("//", 1)[1].split(":")
+    for _ in range(200):
+        try:
+            socket.create_connection((host, int(port)), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit(f"server at {url} did not start")
+
+
+def stop_servers(servers: dict[str, tuple[subprocess.Popen[bytes], str]]) -> None:
+    for proc, _ in servers.values():
+        proc.send_signal(signal.SIGTERM)
+    for proc, _ in servers.values():
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def quantiles(x: np.ndarray) -> dict[str, float]:
+    x = x[np.isfinite(x)]
+    return {"p50_ms": 1e3 * float(np.quantile(x, 0.5)), "p99_ms": 1e3 * float(np.quantile(x, 0.99))}
+
+
+def measure(args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    kinds = list(args.kinds)
+    servers = start_servers(kinds)
+    rtts: dict[str, list[np.ndarray]] = {k: [] for k in kinds}
+    cpu: dict[str, list[tuple[float, int]]] = {k: [] for k in kinds}
+    try:
+        procs = {k: psutil.Process(p.pid) for k, (p, _) in servers.items()}
+        for k, (_, url) in servers.items():  # warm-up: connections made, code paths hot
+            uvloop.run(load_round(url, poisson_times(args.rate, 0.5, 0), k == "lean-signed"))
+        for r in range(args.rounds):
+            print(f"round {r + 1}/{args.rounds}: {', '.join(kinds)}", file=sys.stderr)
+            times = poisson_times(args.rate, args.seconds, args.seed + r)
+            for k in kinds if r % 2 == 0 else reversed(kinds):
+                before = cpu_seconds(procs[k])
+                out = uvloop.run(load_round(servers[k][1], times, k == "lean-signed"))
+                cpu[k].append((cpu_seconds(procs[k]) - before, int(np.isfinite(out).sum())))
+                rtts[k].append(out)
+    finally:
+        stop_servers(servers)
+    results = {}
+    for k in kinds:
+        all_rtt = np.concatenate(rtts[k])
+        q = quantiles(all_rtt)
+        seconds, answered = map(sum, zip(*cpu[k], strict=True))
+        results[k] = {
+            **q,
+            "cpu_us": 1e6 * seconds / max(1, answered),
+            "failed": int(len(all_rtt) - np.isfinite(all_rtt).sum()),
+        }
+    base = results.get("protocol")
+    if base is not None:
+        for v in results.values():
+            v["ratio_p50"] = v["p50_ms"] / base["p50_ms"]
+            v["ratio_p99"] = v["p99_ms"] / base["p99_ms"]
+            v["ratio_cpu"] = v["cpu_us"] / base["cpu_us"]
+    return results
+
+
+def profile(args: argparse.Namespace) -> None:
+    import pstats
+
+    with tempfile.TemporaryDirectory(prefix="lbt-lean-profile-") as tmp:
+        servers = start_servers([args.profile], tmp)
+        try:
+            times = poisson_times(args.rate, args.seconds, args.seed)
+            uvloop.run(load_round(servers[args.profile][1], times, args.profile == "lean-signed"))
+        finally:
+            stop_servers(servers)
+        stats = pstats.Stats(str(Path(tmp) / f"{args.profile}.prof"))
+        stats.sort_stats("tottime").print_stats(25)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--rate", type=float, default=2000.0, help="requests per wall second (default 2000)")
+    p.add_argument("--seconds", type=float, default=5.0, help="wall seconds per round and server (default 5)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds over every server (default 3)")
+    p.add_argument("--seed", type=int, default=1, help="round r's schedule uses seed + r (default 1)")
+    p.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="the servers to compare")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.add_argument("--profile", choices=KINDS[1:], help="no comparison: cProfile one server under the load")
+    p.add_argument("--serve", nargs=2, metavar=("KIND", "PORT"), help=argparse.SUPPRESS)
+    p.add_argument("--profile-out", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.serve:
+        serve(args.serve[0], int(args.serve[1]), args.profile_out)
+        return 0
+    if args.profile:
+        profile(args)
+        return 0
+    results = measure(args)
+    if args.json:
+        json.dump({"rate": args.rate, "servers": results}, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return 0
+    print(f"at {args.rate:g} requests/s, {args.rounds} x {args.seconds:g} s per server:")
+    print(
+        f"{'server':<12} {'p50 ms':>8} {'p99 ms':>8} {'CPU us/req':>11}   ratios to protocol (p50, p99, CPU)"
+    )
+    for k, v in results.items():
+        ratios = (
+            f"{v['ratio_p50']:.2f}, {v['ratio_p99']:.2f}, {v['ratio_cpu']:.2f}" if "ratio_p50" in v else "-"
+        )
+        failed = f"  ({v['failed']} failed)" if v["failed"] else ""
+        print(f"{k:<12} {v['p50_ms']:8.3f} {v['p99_ms']:8.3f} {v['cpu_us']:11.1f}   {ratios}{failed}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
