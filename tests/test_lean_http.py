@@ -13,7 +13,10 @@ import contextlib
 import gzip
 import logging
 import re
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import zlib
 from collections.abc import Awaitable, Callable, Iterator
@@ -25,6 +28,7 @@ from aiohttp import web
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from lbtestbed.cluster.processes import free_ports
 from lbtestbed.transport import wire
 from lbtestbed.transport.http import HttpError, HttpPool
 from lbtestbed.transport.lean_http import (
@@ -36,6 +40,7 @@ from lbtestbed.transport.lean_http import (
     Routes,
     json_response,
     mount,
+    stats_metrics,
 )
 from lbtestbed.transport.process import ConnectionGuard
 from lbtestbed.transport.signing import Signer, Verifier
@@ -807,6 +812,83 @@ def test_close_answers_or_cancels_what_is_in_flight_and_closes_every_connection(
             connect(port)
         idle.close()
         held.close()
+
+
+SERVED_PROCESS = """
+import sys
+from aiohttp import web
+from lbtestbed.transport.lean_http import Response, Routes
+from lbtestbed.transport.process import ConnectionGuard, serve
+async def health(request):
+    return web.json_response({"status": "ok"})
+async def task(request):
+    return Response(200, request.body)
+app = web.Application()
+app.router.add_get("/v1/health", health)
+routes = Routes()
+routes.post("/v1/tasks", task)
+serve(app, sys.argv[1], "lean-test", routes=routes, guard=ConnectionGuard(100))
+"""
+
+
+def test_a_process_serves_lean_routes_and_its_app_on_one_port_and_stops_cleanly() -> None:
+    """``process.serve`` with routes, in a process of its own: the task route and the app's health route
+    answer on the same port; SIGTERM stops it with exit code 0, its log has no traceback, and a client
+    kept alive sees its connection closed."""
+    (port,) = free_ports(1)
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SERVED_PROCESS, url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        wait_for(lambda: healthy(url), "the process to listen", patience=30)
+
+        async def client() -> tuple[int, bytes]:
+            pool = HttpPool(url)
+            try:
+                return await pool.post("/v1/tasks", b'{"work": 1}')
+            finally:
+                pool.close()
+
+        assert asyncio.run(client()) == (200, b'{"work": 1}')
+        kept = connect(port)
+        kept.sendall(post("/v1/tasks", b"{}"))
+        assert read_answers(kept, 1)[0].status == 200
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        assert "stopping" in err and "Traceback" not in err, err
+        assert read_to_eof(kept) == b""
+        kept.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def healthy(url: str) -> bool:
+    try:
+        with connect(int(url.rsplit(":", 1)[1]), timeout=1) as sock:
+            sock.sendall(b"GET /v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            answers, _ = parse_answers(read_to_eof(sock))
+    except OSError:
+        return False
+    return [a.body for a in answers] == [b'{"status": "ok"}']
+
+
+def test_the_counts_are_exported_as_metrics() -> None:
+    """stats_metrics gives every count of the server under lbtestbed_<role>_http_*."""
+    with served() as s:
+        exchange(s.port, post("/echo", b"x" * (wire.MAX_BODY + 1)))
+        exchange(s.port, post("/echo", b"{}", "Connection: close"))
+        families = {f.name: f for f in stats_metrics("node", s.server.stats)}
+    value = {
+        name: sum(x.value for x in f.samples if x.name.endswith("_total")) for name, f in families.items()
+    }
+    assert value["lbtestbed_node_http_connections"] == 2
+    assert value["lbtestbed_node_http_requests"] == 1
+    refused = [(x.labels, x.value) for x in families["lbtestbed_node_http_refused"].samples]
+    assert refused == [({"status": "413"}, 1.0)]
 
 
 # ================================================================================================= fuzzing

@@ -44,7 +44,7 @@ import time
 import traceback
 import zlib
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from email.utils import formatdate
 from http import HTTPStatus
@@ -75,6 +75,7 @@ TEXT = b"text/plain; charset=utf-8"
 log = logging.getLogger("lbtestbed.lean_http")
 
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+_STATUS_LINES = {status: b"HTTP/1.1 %d %s\r\n" % (status, reason) for status, reason in _REASONS.items()}
 _AUTH = AUTHORIZATION.lower().encode()
 _SCHEME = SCHEME.encode() + b" "
 _SIGNATURE = SIGNATURE.encode()
@@ -119,20 +120,23 @@ class Request:
     segment (a string: a client may send thousands of digits), ``headers`` the header values by lowercase
     name (the first of repeated ones), ``peer`` the client's (host, port)."""
 
-    __slots__ = ("body", "headers", "method", "param", "path", "peer", "target")
+    __slots__ = ("body", "headers", "method", "param", "peer", "target")
 
     def __init__(
         self,
         method: str,
         target: str,
-        path: str,
         param: str | None,
         headers: dict[bytes, bytes],
         body: bytes,
         peer: Any,
     ) -> None:
-        self.method, self.target, self.path, self.param = method, target, path, param
+        self.method, self.target, self.param = method, target, param
         self.headers, self.body, self.peer = headers, body, peer
+
+    @property
+    def path(self) -> str:
+        return self.target.partition("?")[0]
 
     def header(self, name: str) -> str | None:
         value = self.headers.get(name.lower().encode())
@@ -166,7 +170,7 @@ class Routes:
     """The route table: an exact path, or a path with one ``{}`` standing for a segment of ASCII digits."""
 
     def __init__(self) -> None:
-        self._exact: dict[bytes, dict[bytes, Route]] = {}
+        self.exact: dict[bytes, dict[bytes, Route]] = {}
         self._patterns: list[tuple[bytes, bytes, dict[bytes, Route]]] = []
 
     def add(self, method: str, path: str, handler: Handler, *, verifier: Verifier | None = None) -> None:
@@ -182,7 +186,7 @@ class Routes:
             if not found:
                 self._patterns.append((prefix, suffix, methods))
         else:
-            methods = self._exact.setdefault(raw, {})
+            methods = self.exact.setdefault(raw, {})
         if method.upper().encode() in methods:
             raise ValueError(f"{method} {path} has a route already")
         methods[method.upper().encode()] = Route(handler, verifier)
@@ -196,7 +200,7 @@ class Routes:
     def match(self, method: bytes, path: bytes) -> tuple[Route | None, bytes | None, dict[bytes, Route]]:
         """(the route, the integer segment, the path's routes by method): no route and no methods for an
         unknown path, no route but some methods for another method (405)."""
-        methods = self._exact.get(path)
+        methods = self.exact.get(path)
         param = None
         if methods is None:
             for prefix, suffix, candidates in self._patterns:
@@ -218,7 +222,7 @@ def mount(routes: Routes, app: web.Application) -> None:
     for an admin route first, then for a task on the same connection): the same handlers, with aiohttp's
     body checks and ``wire.signed``, and each answer closes its connection, so that the client's next
     request opens a new one, which this server serves. Call it before the app's runner is set up."""
-    for raw, methods in routes._exact.items():
+    for raw, methods in routes.exact.items():
         for method, route in methods.items():
             app.router.add_route(method.decode(), raw.decode(), _adapted(route))
     for prefix, suffix, methods in routes._patterns:
@@ -239,7 +243,6 @@ def _adapted(route: Route) -> wire.Handler:
         lean = Request(
             request.method,
             request.raw_path,
-            request.raw_path.partition("?")[0],
             request.match_info.get("param"),
             headers,
             body,
@@ -257,8 +260,8 @@ def _adapted(route: Route) -> wire.Handler:
 
 @dataclass
 class Stats:
-    """What the server did, for its process's metrics: every connection it accepted ends closed by the client,
-    closed idle, handed over, closed after a refusal, or reset with a request unanswered."""
+    """What the server did, for its process's metrics. With a ConnectionGuard's counts (connections refused
+    at the limit, silent ones shed) every connection a client opened is counted once."""
 
     connections: int = 0  # accepted (a ConnectionGuard counts those it refused or shed)
     requests: int = 0  # answered by a handler (including its 4xx and 5xx)
@@ -267,6 +270,33 @@ class Stats:
     reset: int = 0  # the client left with a request unanswered or half-sent
     handed_over: int = 0  # given to the fallback
     errors: int = 0  # handlers that raised (500): bugs
+
+
+def stats_metrics(role: str, stats: Stats) -> Iterator[Any]:
+    """The lean server's counts as Prometheus families ``lbtestbed_<role>_http_*`` (a process's collector
+    yields them beside ``wire.listener_metrics``)."""
+    from prometheus_client.core import CounterMetricFamily
+
+    def counter(name: str, doc: str, value: int) -> Any:
+        family = CounterMetricFamily(f"lbtestbed_{role}_http_{name}", doc)
+        family.add_metric([], value)
+        return family
+
+    yield counter("connections", "Connections the lean server accepted", stats.connections)
+    yield counter("requests", "Requests that reached a handler of the lean server", stats.requests)
+    refused = CounterMetricFamily(
+        f"lbtestbed_{role}_http_refused",
+        "Requests the lean server answered itself: unknown path or method, unsigned, too large, too slow, "
+        "malformed",
+        labels=["status"],
+    )
+    for status, count in sorted(stats.refused.items()):
+        refused.add_metric([str(status)], count)
+    yield refused
+    yield counter("idle_closed", "Connections closed after the idle timeout", stats.idle_closed)
+    yield counter("resets", "Connections the client left with a request unanswered or half sent", stats.reset)
+    yield counter("handed_over", "Connections handed to the aiohttp app (other routes)", stats.handed_over)
+    yield counter("errors", "Requests answered 500: a handler raised (a bug)", stats.errors)
 
 
 class _Refused(Exception):
@@ -327,13 +357,14 @@ class _Connection(asyncio.Protocol):
         self.in_message = self.in_head = False
         self.clean = True  # a request that begins in the current read begins at its first byte
         self.chunk = b""
+        self.begun = 0  # requests begun on this connection
         self.head_chunks: list[bytes] | None = None  # the reads since the request began (for a hand-over)
         self._begin()
 
     def _begin(self) -> None:
-        self.url = b""
+        self.url = self.method = b""
         self.headers: dict[bytes, bytes] = {}
-        self.head_size = self.head_fed = self.n_headers = 0
+        self.head_size = self.head_fed = 0
         self.body: bytes | bytearray = b""
         self.body_size = 0
         self.inflater: Any = None
@@ -361,7 +392,7 @@ class _Connection(asyncio.Protocol):
             return
         self.clean = not self.in_message
         self.chunk = data
-        was_in_head, begun = self.in_head, self.head_chunks
+        was_in_head, begun, count = self.in_head, self.head_chunks, self.begun
         if was_in_head and begun is not None:
             begun.append(data)
         try:
@@ -382,7 +413,8 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as e:
             self._refuse(400, f"malformed request: {e}")
         else:
-            if self.in_head and was_in_head:  # the whole read was head (llhttp keeps a partial header)
+            if self.in_head and was_in_head and self.begun == count:  # the whole read was one head's
+                # (llhttp holds a partial header line out of the callbacks' sight: count the reads)
                 self.head_fed += len(data)
                 if self.head_fed > MAX_HEAD:
                     self._refuse(431, f"request head larger than {MAX_HEAD} bytes")
@@ -424,6 +456,7 @@ class _Connection(asyncio.Protocol):
     # ------------------------------------------------------------------------------ parser callbacks
 
     def on_message_begin(self) -> None:
+        self.begun += 1
         self.in_message = self.in_head = True
         self.head_chunks = [self.chunk] if self.clean else None
         self._begin()
@@ -435,15 +468,15 @@ class _Connection(asyncio.Protocol):
             raise _Refused(431, f"request head larger than {MAX_HEAD} bytes")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.n_headers += 1
+        headers = self.headers
         self.head_size += len(name) + len(value) + 4
-        if self.head_size > MAX_HEAD or self.n_headers > MAX_HEADERS:
+        if self.head_size > MAX_HEAD or len(headers) >= MAX_HEADERS:  # (repeated names count in the size)
             raise _Refused(431, f"request head larger than {MAX_HEAD} bytes or {MAX_HEADERS} header lines")
         name = name.lower()
         if not value.isascii() and name != _AUTH:  # the signature check refuses a bad Authorization (401)
             raise _Refused(400, f"non-ASCII byte in header {name.decode()}")
-        if name not in self.headers:
-            self.headers[name] = value
+        if name not in headers:
+            headers[name] = value
 
     def on_headers_complete(self) -> None:
         self.in_head = False
@@ -452,8 +485,12 @@ class _Connection(asyncio.Protocol):
             raise _Refused(400, "non-ASCII byte in the request target")
         end = url.find(b"?")
         path = url if end < 0 else url[:end]
-        method = self.parser.get_method()
-        route, self.param, methods = self.server.routes.match(method, path)
+        method = self.method = self.parser.get_method()
+        routes = self.server.routes
+        methods = routes.exact.get(path)  # the usual case, without a call
+        route = methods.get(method) if methods is not None else None
+        if route is None:
+            route, self.param, methods = routes.match(method, path)
         self.route = route
         if route is None:
             if methods:
@@ -519,8 +556,9 @@ class _Connection(asyncio.Protocol):
         self.body_since = 0.0
         parser = self.parser
         keep_alive = parser.should_keep_alive()
-        slot = _Slot(not keep_alive or self.server.closing, parser.get_method() == b"HEAD")
-        slot.http10 = keep_alive and parser.get_http_version() == "1.0"  # say that it stays open
+        slot = _Slot(not keep_alive or self.server.closing, self.method == b"HEAD")
+        # an HTTP/1.0 client keeps the connection only if it asked to (Connection: keep-alive): say we do
+        slot.http10 = keep_alive and b"connection" in self.headers and parser.get_http_version() == "1.0"
         self.queue.append(slot)
         if self.verdict is not None:
             self.server._count(self.verdict.status)
@@ -553,7 +591,7 @@ class _Connection(asyncio.Protocol):
         elif type(body) is not bytes:
             body = bytes(body)
         url = self.url.decode()
-        method = self.parser.get_method().decode()
+        method = self.method.decode()
         if route.verifier is not None:
             value = self.headers[_AUTH].decode("latin-1")  # the verifier refuses non-ASCII ones
             host = self.headers.get(b"host", b"").decode("latin-1")
@@ -563,11 +601,9 @@ class _Connection(asyncio.Protocol):
                 self._answer(slot, error(401, str(e)))
                 return
             slot.verifier = route.verifier
-        end = url.find("?")
         request = Request(
             method,
             url,
-            url if end < 0 else url[:end],
             None if self.param is None else self.param.decode(),
             self.headers,
             body,
@@ -823,9 +859,9 @@ class LeanServer:
             extra += b"Connection: close\r\n"
         elif slot.http10:
             extra += b"Connection: keep-alive\r\n"
-        head = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nDate: %s\r\n%s\r\n" % (
-            r.status,
-            _REASONS.get(r.status, b"Unknown"),
+        line = _STATUS_LINES.get(r.status) or b"HTTP/1.1 %d Unknown\r\n" % r.status
+        head = b"%sContent-Type: %s\r\nContent-Length: %d\r\nDate: %s\r\n%s\r\n" % (
+            line,
             r.content_type,
             len(r.body),
             self._date,
