@@ -796,22 +796,49 @@ def test_a_connection_guard_sheds_silent_connections_and_refuses_beyond_its_limi
 
 def test_close_answers_or_cancels_what_is_in_flight_and_closes_every_connection() -> None:
     """close(): the listener stops, an idle connection closes at once, a request in service past the
-    grace has its handler cancelled and its connection closed without an answer; no connection is left."""
+    grace has its handler cancelled and its connection closed without an answer, a connection handed to
+    the app is closed too; no connection is left."""
     gate = Gate()
-    s = Served(make_routes(gate=gate))
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    app = web.Application()
+    app.router.add_get("/v1/health", health)
+    s = Served(make_routes(gate=gate), app)
     with s:
         port = s.port
         idle = connect(port)
+        handed = connect(port)
+        handed.sendall(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert read_answers(handed, 1)[0].status == 200
         held = connect(port)
         held.sendall(post("/slow", b"never"))
         wait_for(lambda: gate.waiting >= 1, "the handler to hold the request")
         s.call(s.server.close(grace=0.2))
-        assert read_to_eof(idle) == b"" and read_to_eof(held) == b""
+        for sock in (idle, handed, held):
+            assert read_to_eof(sock) == b""
+            sock.close()
         assert s.server.connections == set() and s.server.tasks == set()
         with pytest.raises(ConnectionRefusedError):
             connect(port)
-        idle.close()
-        held.close()
+
+
+def test_a_client_that_pipelines_hundreds_of_requests_is_answered_in_order() -> None:
+    """300 requests in one write, each for a coroutine handler: the server reads no further while 16 wait
+    for their answers, and closes the connection after 256 that arrived in one read; whatever it answers
+    is answered in order, and a connection it closes says so in its last answer."""
+    requests = b"".join(post("/echo", b"%d" % i) for i in range(300))
+    with served() as s, connect(s.port) as sock:
+        sock.sendall(requests)
+        data = b""
+        while len(parse_answers(data)[0]) < 300 and (chunk := sock.recv(65536)):
+            data += chunk
+        answers, rest = parse_answers(data)
+    assert rest == b"" and len(answers) >= 256
+    assert [a.body for a in answers] == [b"%d" % i for i in range(len(answers))]
+    if len(answers) < 300:  # (300 when the requests came in several reads)
+        assert answers[-1].headers.get("connection") == "close"
 
 
 SERVED_PROCESS = """

@@ -458,7 +458,8 @@ class _Connection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self.begun += 1
         self.in_message = self.in_head = True
-        self.head_chunks = [self.chunk] if self.clean else None
+        # the reads of a request that may go to the fallback: all of them from its first byte, if known
+        self.head_chunks = [self.chunk] if self.clean and self.server.fallback is not None else None
         self._begin()
 
     def on_url(self, url: bytes) -> None:
