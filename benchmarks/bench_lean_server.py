@@ -19,6 +19,7 @@ round), and each as a ratio to the protocol echo's.
 
     .venv/bin/python benchmarks/bench_lean_server.py [--rate 2000] [--seconds 5] [--rounds 3] [--json]
     .venv/bin/python benchmarks/bench_lean_server.py --profile lean-signed   # cProfile of the server
+    .venv/bin/python benchmarks/bench_lean_server.py --instructions   # per request, under valgrind
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -249,6 +251,117 @@ def measure(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     return results
 
 
+# ==================================================================== instructions, whatever the machine does
+
+
+class _FakeTransport:
+    """Takes a server's answers without a socket: what is left of a request's cost is the server's code."""
+
+    def __init__(self) -> None:
+        self.answers = 0
+
+    def write(self, data: bytes) -> None:
+        self.answers += 1
+
+    def writelines(self, lines: list[bytes]) -> None:
+        self.answers += 1
+
+    def close(self) -> None:
+        pass
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return ("127.0.0.1", 1) if name == "peername" else default
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+
+async def _feed(kind: str, count: int, feed: bool) -> None:
+    """Make ``count`` requests of ``kind`` (signed for lean-signed) and, if ``feed``, give each to a server
+    protocol on a fake transport, letting the loop turn a few times after each (``--feed``)."""
+    from aiohttp import web
+
+    from lbtestbed.transport.lean_http import LeanServer, Request, Response, Routes
+    from lbtestbed.transport.signing import Verifier
+
+    async def lean_echo(request: Request) -> Response:
+        return Response(200, ANSWER)
+
+    async def aiohttp_echo(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=ANSWER, content_type="application/json")
+
+    runner = None
+    if kind == "protocol":
+        protocol: asyncio.Protocol = _Echo()
+    elif kind == "aiohttp":
+        app = web.Application()
+        app.router.add_post("/echo", aiohttp_echo)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        assert runner.server is not None
+        protocol = runner.server()
+    else:
+        routes = Routes()
+        verifier = Verifier(KEY, "http://127.0.0.1:8000") if kind == "lean-signed" else None
+        routes.post("/echo", lean_echo, verifier=verifier)
+        protocol = LeanServer(routes)()
+    transport = _FakeTransport()
+    protocol.connection_made(transport)  # type: ignore[arg-type]
+    signer = Signer(KEY)
+    for _ in range(count):
+        auth = b""
+        if kind == "lean-signed":
+            value, _ = signer.sign(b"POST", b"127.0.0.1:8000", b"/echo", BODY)
+            auth = b"Authorization: %s\r\n" % value
+        head = b"POST /echo HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nContent-Type: application/json\r\n"
+        data = head + b"%sContent-Length: %d\r\n\r\n%s" % (auth, len(BODY), BODY)
+        if feed:
+            protocol.data_received(data)
+        for _ in range(4):
+            await asyncio.sleep(0)
+    assert transport.answers == (count if feed else 0), transport.answers
+    protocol.connection_lost(None)
+    if runner is not None:
+        await runner.cleanup()
+
+
+def instructions(kinds: list[str], count: int) -> dict[str, float]:
+    """Machine instructions per request of each server's code (valgrind's callgrind): a run that feeds
+    ``count`` requests less one that makes them only, divided by ``count``. No socket, no kernel: what the
+    server's own code costs, the same on a busy machine as on a quiet one."""
+    out = {}
+    for kind in kinds:
+        totals = []
+        for feed in (0, 1):
+            command = [sys.executable, __file__, "--feed", kind, str(count), str(feed)]
+            proc = subprocess.run(
+                ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *command],
+                capture_output=True,
+                text=True,
+                env={**os.environ, "PYTHONHASHSEED": "0"},
+            )
+            found = re.search(r"Collected : (\d+)", proc.stderr)
+            if proc.returncode != 0 or found is None:
+                raise SystemExit(f"callgrind failed for {kind}: {proc.stderr[-500:]}")
+            totals.append(int(found.group(1)))
+        out[kind] = (totals[1] - totals[0]) / count
+        print(f"{kind}: {out[kind]:.0f} instructions per request", file=sys.stderr)
+    return out
+
+
 def profile(args: argparse.Namespace) -> None:
     import pstats
 
@@ -272,14 +385,34 @@ def main() -> int:
     p.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="the servers to compare")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.add_argument("--profile", choices=KINDS[1:], help="no comparison: cProfile one server under the load")
+    p.add_argument(
+        "--instructions",
+        action="store_true",
+        help="no load: instructions per request of each server's code, under valgrind (a few minutes)",
+    )
     p.add_argument("--serve", nargs=2, metavar=("KIND", "PORT"), help=argparse.SUPPRESS)
+    p.add_argument("--feed", nargs=3, metavar=("KIND", "COUNT", "FEED"), help=argparse.SUPPRESS)
     p.add_argument("--profile-out", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve:
         serve(args.serve[0], int(args.serve[1]), args.profile_out)
         return 0
+    if args.feed:
+        uvloop.run(_feed(args.feed[0], int(args.feed[1]), args.feed[2] == "1"))
+        return 0
     if args.profile:
         profile(args)
+        return 0
+    if args.instructions:
+        counts = instructions(list(args.kinds), 2000)
+        base = counts.get("protocol")
+        if args.json:
+            json.dump({"instructions_per_request": counts}, sys.stdout, indent=1)
+            sys.stdout.write("\n")
+            return 0
+        for k, v in counts.items():
+            ratio = f"  ({v / base:.2f} x protocol)" if base else ""
+            print(f"{k:<12} {v:9.0f} instructions per request{ratio}")
         return 0
     results = measure(args)
     if args.json:
