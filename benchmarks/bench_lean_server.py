@@ -11,11 +11,15 @@ Every server is an echo in a process of its own on uvloop, answering ``{"ok": tr
 * **lean-signed**: the same route for peers only: the client signs each request and checks each answer's
   signature (``transport.signing``), as between dispatcher and node.
 
+and two chains of two processes, a task's two hops without the dispatch: **chain-aiohttp**, an aiohttp
+forwarder that posts each request, signed, through ``HttpPool`` to an aiohttp echo behind ``wire.signed``
+(as dispatcher and node host serve today), and **chain-lean**, the same with lean servers.
+
 They get the same open-loop Poisson load (R requests per wall second on an absolute schedule, round trip
 from the intended send, the project's ``HttpPool`` client, as ``bench_overhead.py``) in interleaved rounds,
 so that a busy moment of the machine falls on every server alike. Reported per server: p50 and p99 of the
-round trip, the server process's CPU per request (user + system, from /proc through psutil, over each
-round), and each as a ratio to the protocol echo's.
+round trip, the server processes' CPU per request (user + system, from /proc through psutil, over each
+round), the client process's (the generator and its ``HttpPool``), and the ratios to the protocol echo's.
 
     .venv/bin/python benchmarks/bench_lean_server.py [--rate 2000] [--seconds 5] [--rounds 3] [--json]
     .venv/bin/python benchmarks/bench_lean_server.py --profile lean-signed   # cProfile of the server
@@ -44,7 +48,9 @@ from lbtestbed.cluster.processes import free_ports
 from lbtestbed.transport.http import HttpPool
 from lbtestbed.transport.signing import Signer
 
-KINDS = ("protocol", "aiohttp", "lean", "lean-signed")
+KINDS = ("protocol", "aiohttp", "lean", "lean-signed", "chain-aiohttp", "chain-lean")
+#: a chain: a forwarder in front of a signed echo, two processes (a task's two hops, without the dispatch)
+CHAINS = {"chain-aiohttp": ("aiohttp-signed", "fwd-aiohttp"), "chain-lean": ("lean-signed", "fwd-lean")}
 KEY = "k" * 32
 BODY = b'{"work": 1.0, "origin": 0}'
 ANSWER = b'{"ok": true}'
@@ -77,7 +83,7 @@ class _Echo(asyncio.Protocol):
         self.buffer = buf
 
 
-async def _serve(kind: str, port: int) -> None:
+async def _serve(kind: str, port: int, target: str) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -85,46 +91,69 @@ async def _serve(kind: str, port: int) -> None:
         server = await loop.create_server(_Echo, "127.0.0.1", port, backlog=4096)
         await stop.wait()
         server.close()
-    elif kind == "aiohttp":
-        from aiohttp import web
-
-        async def echo(request: web.Request) -> web.Response:
-            await request.read()
-            return web.Response(body=ANSWER, content_type="application/json")
-
-        app = web.Application()
-        app.router.add_post("/echo", echo)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port, backlog=4096).start()
-        await stop.wait()
-        await runner.cleanup()
+    elif kind in ("aiohttp", "aiohttp-signed", "fwd-aiohttp"):
+        await _serve_aiohttp(kind, port, target, stop)
     else:
-        from lbtestbed.transport.lean_http import LeanServer, Request, Response, Routes
-        from lbtestbed.transport.signing import Verifier
+        await _serve_lean(kind, port, target, stop)
 
-        async def lean_echo(request: Request) -> Response:
+
+async def _serve_aiohttp(kind: str, port: int, target: str, stop: asyncio.Event) -> None:
+    from aiohttp import web
+
+    from lbtestbed.transport import wire
+    from lbtestbed.transport.signing import Verifier
+
+    pool = HttpPool(target, signer=Signer(KEY)) if target else None
+
+    async def echo(request: web.Request) -> web.Response:
+        body = await request.read()
+        if pool is None:
+            return web.Response(body=ANSWER, content_type="application/json")
+        status, answer = await pool.post("/echo", body, timeout=10.0)
+        return web.Response(status=status, body=answer, content_type="application/json")
+
+    app = web.Application()
+    verifier = Verifier(KEY, f"http://127.0.0.1:{port}")
+    app.router.add_post("/echo", wire.signed(verifier, echo) if kind == "aiohttp-signed" else echo)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port, backlog=4096).start()
+    await stop.wait()
+    await runner.cleanup()
+
+
+async def _serve_lean(kind: str, port: int, target: str, stop: asyncio.Event) -> None:
+    from lbtestbed.transport.lean_http import LeanServer, Request, Response, Routes
+    from lbtestbed.transport.signing import Verifier
+
+    pool = HttpPool(target, signer=Signer(KEY)) if target else None
+
+    async def echo(request: Request) -> Response:
+        if pool is None:
             return Response(200, ANSWER)
+        status, answer = await pool.post("/echo", request.body, timeout=10.0)
+        return Response(status, answer)
 
-        routes = Routes()
-        verifier = Verifier(KEY, f"http://127.0.0.1:{port}") if kind == "lean-signed" else None
-        routes.post("/echo", lean_echo, verifier=verifier)
-        lean = LeanServer(routes)
-        await lean.start("127.0.0.1", port)
-        await stop.wait()
-        await lean.close()
+    routes = Routes()
+    verifier = Verifier(KEY, f"http://127.0.0.1:{port}") if kind == "lean-signed" else None
+    routes.post("/echo", echo, verifier=verifier)
+    lean = LeanServer(routes)
+    await lean.start("127.0.0.1", port)
+    await stop.wait()
+    await lean.close()
 
 
-def serve(kind: str, port: int, profile: str | None) -> None:
-    """The server process (``--serve KIND PORT``); with ``profile`` it writes cProfile stats there."""
+def serve(kind: str, port: int, target: str, profile: str | None) -> None:
+    """The server process (``--serve KIND PORT [TARGET]``: a forwarder's is the URL it forwards to); with
+    ``profile`` it writes cProfile stats there."""
     if profile is None:
-        uvloop.run(_serve(kind, port))
+        uvloop.run(_serve(kind, port, target))
         return
     import cProfile
 
     profiler = cProfile.Profile()
     profiler.enable()
-    uvloop.run(_serve(kind, port))
+    uvloop.run(_serve(kind, port, target))
     profiler.disable()
     profiler.dump_stats(profile)
 
@@ -169,18 +198,26 @@ def cpu_seconds(proc: psutil.Process) -> float:
     return float(t.user + t.system)
 
 
-def start_servers(
-    kinds: list[str], profile_dir: str | None = None
-) -> dict[str, tuple[subprocess.Popen[bytes], str]]:
-    ports = free_ports(len(kinds))
-    servers = {}
-    for kind, port in zip(kinds, ports, strict=True):
-        args = [sys.executable, __file__, "--serve", kind, str(port)]
-        if profile_dir is not None:
-            args += ["--profile-out", os.path.join(profile_dir, f"{kind}.prof")]
-        servers[kind] = (subprocess.Popen(args), f"http://127.0.0.1:{port}")
-    for _, url in servers.values():
-        _wait_listening(url)
+Servers = dict[str, tuple[list[subprocess.Popen[bytes]], str]]
+
+
+def start_servers(kinds: list[str], profile_dir: str | None = None) -> Servers:
+    """Each kind's processes (two for a chain: its signed echo, then the forwarder) and the URL to load."""
+    parts = [p for k in kinds for p in CHAINS.get(k, (k,))]
+    ports = iter(free_ports(len(parts)))
+    servers: Servers = {}
+    for kind in kinds:
+        procs: list[subprocess.Popen[bytes]] = []
+        url = ""
+        for part in CHAINS.get(kind, (kind,)):
+            port = next(ports)
+            args = [sys.executable, __file__, "--serve", part, str(port), url]
+            if profile_dir is not None:
+                args += ["--profile-out", os.path.join(profile_dir, f"{part}.prof")]
+            procs.append(subprocess.Popen(args))
+            url = f"http://127.0.0.1:{port}"
+            _wait_listening(url)
+        servers[kind] = (procs, url)
     return servers
 
 
@@ -197,10 +234,11 @@ def _wait_listening(url: str) -> None:
     raise SystemExit(f"server at {url} did not start")
 
 
-def stop_servers(servers: dict[str, tuple[subprocess.Popen[bytes], str]]) -> None:
-    for proc, _ in servers.values():
+def stop_servers(servers: Servers) -> None:
+    procs = [p for ps, _ in servers.values() for p in ps]
+    for proc in procs:
         proc.send_signal(signal.SIGTERM)
-    for proc, _ in servers.values():
+    for proc in procs:
         try:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -214,32 +252,36 @@ def quantiles(x: np.ndarray) -> dict[str, float]:
 
 
 def measure(args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """Interleaved rounds over every kind; per kind the round trips, its servers' CPU per request and the
+    client's (this process: the generator and HttpPool, signing where the kind's first hop is signed)."""
     kinds = list(args.kinds)
     servers = start_servers(kinds)
     rtts: dict[str, list[np.ndarray]] = {k: [] for k in kinds}
-    cpu: dict[str, list[tuple[float, int]]] = {k: [] for k in kinds}
+    cpu: dict[str, list[tuple[float, float, int]]] = {k: [] for k in kinds}
+    me = psutil.Process()
     try:
-        procs = {k: psutil.Process(p.pid) for k, (p, _) in servers.items()}
+        procs = {k: [psutil.Process(p.pid) for p in ps] for k, (ps, _) in servers.items()}
         for k, (_, url) in servers.items():  # warm-up: connections made, code paths hot
             uvloop.run(load_round(url, poisson_times(args.rate, 0.5, 0), k == "lean-signed"))
         for r in range(args.rounds):
             print(f"round {r + 1}/{args.rounds}: {', '.join(kinds)}", file=sys.stderr)
             times = poisson_times(args.rate, args.seconds, args.seed + r)
             for k in kinds if r % 2 == 0 else reversed(kinds):
-                before = cpu_seconds(procs[k])
+                before, client = sum(map(cpu_seconds, procs[k])), cpu_seconds(me)
                 out = uvloop.run(load_round(servers[k][1], times, k == "lean-signed"))
-                cpu[k].append((cpu_seconds(procs[k]) - before, int(np.isfinite(out).sum())))
+                used = sum(map(cpu_seconds, procs[k])) - before
+                cpu[k].append((used, cpu_seconds(me) - client, int(np.isfinite(out).sum())))
                 rtts[k].append(out)
     finally:
         stop_servers(servers)
     results = {}
     for k in kinds:
         all_rtt = np.concatenate(rtts[k])
-        q = quantiles(all_rtt)
-        seconds, answered = map(sum, zip(*cpu[k], strict=True))
+        seconds, client, answered = map(sum, zip(*cpu[k], strict=True))
         results[k] = {
-            **q,
+            **quantiles(all_rtt),
             "cpu_us": 1e6 * seconds / max(1, answered),
+            "client_cpu_us": 1e6 * client / max(1, answered),
             "failed": int(len(all_rtt) - np.isfinite(all_rtt).sum()),
         }
     base = results.get("protocol")
@@ -384,18 +426,18 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=1, help="round r's schedule uses seed + r (default 1)")
     p.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="the servers to compare")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    p.add_argument("--profile", choices=KINDS[1:], help="no comparison: cProfile one server under the load")
+    p.add_argument("--profile", choices=KINDS[1:4], help="no comparison: cProfile one server under the load")
     p.add_argument(
         "--instructions",
         action="store_true",
         help="no load: instructions per request of each server's code, under valgrind (a few minutes)",
     )
-    p.add_argument("--serve", nargs=2, metavar=("KIND", "PORT"), help=argparse.SUPPRESS)
+    p.add_argument("--serve", nargs=3, metavar=("KIND", "PORT", "TARGET"), help=argparse.SUPPRESS)
     p.add_argument("--feed", nargs=3, metavar=("KIND", "COUNT", "FEED"), help=argparse.SUPPRESS)
     p.add_argument("--profile-out", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve:
-        serve(args.serve[0], int(args.serve[1]), args.profile_out)
+        serve(args.serve[0], int(args.serve[1]), args.serve[2], args.profile_out)
         return 0
     if args.feed:
         uvloop.run(_feed(args.feed[0], int(args.feed[1]), args.feed[2] == "1"))
@@ -404,7 +446,7 @@ def main() -> int:
         profile(args)
         return 0
     if args.instructions:
-        counts = instructions(list(args.kinds), 2000)
+        counts = instructions([k for k in args.kinds if k not in CHAINS], 2000)
         base = counts.get("protocol")
         if args.json:
             json.dump({"instructions_per_request": counts}, sys.stdout, indent=1)
@@ -421,14 +463,18 @@ def main() -> int:
         return 0
     print(f"at {args.rate:g} requests/s, {args.rounds} x {args.seconds:g} s per server:")
     print(
-        f"{'server':<12} {'p50 ms':>8} {'p99 ms':>8} {'CPU us/req':>11}   ratios to protocol (p50, p99, CPU)"
+        f"{'server':<14} {'p50 ms':>8} {'p99 ms':>8} {'CPU us/req':>11} {'client us':>10}"
+        "   ratios to protocol (p50, p99, CPU)"
     )
     for k, v in results.items():
         ratios = (
             f"{v['ratio_p50']:.2f}, {v['ratio_p99']:.2f}, {v['ratio_cpu']:.2f}" if "ratio_p50" in v else "-"
         )
         failed = f"  ({v['failed']} failed)" if v["failed"] else ""
-        print(f"{k:<12} {v['p50_ms']:8.3f} {v['p99_ms']:8.3f} {v['cpu_us']:11.1f}   {ratios}{failed}")
+        print(
+            f"{k:<14} {v['p50_ms']:8.3f} {v['p99_ms']:8.3f} {v['cpu_us']:11.1f} {v['client_cpu_us']:10.1f}"
+            f"   {ratios}{failed}"
+        )
     return 0
 
 
