@@ -149,6 +149,9 @@ def make_routes(verifier: Verifier | None = None, gate: Gate | None = None) -> R
     async def not_a_response(request: Request) -> Response:
         return "OK"  # type: ignore[return-value]
 
+    async def text_body(request: Request) -> Response:
+        return Response(200, "OK")  # type: ignore[arg-type]
+
     async def parsed(request: Request) -> Response:
         try:
             return json_response(request.json())
@@ -163,6 +166,7 @@ def make_routes(verifier: Verifier | None = None, gate: Gate | None = None) -> R
     routes.post("/boom", boom)
     routes.post("/sync-boom", sync_boom)
     routes.post("/not-a-response", not_a_response)
+    routes.post("/text-body", text_body)
     routes.post("/json", parsed)
     if verifier is not None:
         routes.post("/v1/nodes/{}/probe", info, verifier=verifier)
@@ -595,7 +599,7 @@ def test_a_request_that_cannot_be_framed_gets_400_one_log_line_and_a_closed_conn
     assert_no_traceback(caplog)
 
 
-@pytest.mark.parametrize("path", ["/boom", "/sync-boom", "/not-a-response"])
+@pytest.mark.parametrize("path", ["/boom", "/sync-boom", "/not-a-response", "/text-body"])
 def test_a_handler_that_fails_gives_500_and_one_line_naming_where(
     path: str, caplog: pytest.LogCaptureFixture
 ) -> None:

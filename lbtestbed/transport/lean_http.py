@@ -99,6 +99,8 @@ class Response:
         content_type: bytes = JSON,
         headers: Iterable[tuple[str, str]] = (),
     ) -> None:
+        if type(body) is not bytes:
+            body = bytes(body)  # a bytearray or memoryview; a str is refused here, in its handler (500)
         self.status = status
         self.body = body
         self.content_type = content_type
@@ -896,7 +898,8 @@ class LeanServer:
         """A handler (or this server) raised: a bug of ours. 500, and one line naming the exception and
         where it was raised."""
         self.stats.errors += 1
-        frames = traceback.extract_tb(exc.__traceback__)
+        tb = traceback.extract_tb(exc.__traceback__)
+        frames = [f for f in tb if f.filename != __file__] or list(tb)  # the handler's, not ours
         where = f" at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""
         what = f"{request.method} {request.path}" if request is not None else "a request"
         log.error("500 on %s: %s: %s%s", what, type(exc).__name__, exc, where)
