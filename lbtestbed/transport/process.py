@@ -20,6 +20,7 @@ import resource
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from aiohttp import web
 from lbtestbed.model.experiment import Experiment
 from lbtestbed.transport.cluster_file import ClusterError, ClusterFile
 from lbtestbed.transport.http import IDLE_TIMEOUT
+from lbtestbed.transport.lean_http import LeanServer, Routes, mount
 
 #: descriptors a process keeps for its peers whatever its clients do
 RESERVE = 512
@@ -76,7 +78,9 @@ class ConnectionGuard:
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self.server: web.Server | None = None  # set by ``serve`` once the app runs
+        #: makes the protocol of each connection it takes: an aiohttp ``web.Server`` or a
+        #: ``lean_http.LeanServer``; set by ``serve`` once the app runs
+        self.server: Callable[[], asyncio.Protocol] | None = None
         self.refused = 0  # new connections closed at the limit
         self.shed = 0  # silent connections closed to make room
         self.connections: dict[_Tracked, None] = {}  # open, oldest first
@@ -212,10 +216,16 @@ def _host_port(text: str) -> tuple[str, int] | None:
 
 
 def serve(
-    app: web.Application, url: str, name: str, listen: str | None = None, guard: ConnectionGuard | None = None
+    app: web.Application,
+    url: str,
+    name: str,
+    listen: str | None = None,
+    guard: ConnectionGuard | None = None,
+    routes: Routes | None = None,
 ) -> None:
     """Serve ``app`` on ``listen`` (HOST:PORT), by default the host and port of ``url``, until SIGTERM;
-    ``guard`` caps its connections (default: a node host's budget)."""
+    ``guard`` caps its connections (default: a node host's budget). With ``routes`` (the task path), a
+    ``lean_http.LeanServer`` serves those and hands every other request to ``app``, on the same port."""
     import uvloop
 
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(message)s")
@@ -226,6 +236,8 @@ def serve(
     host, port = bind
 
     async def main() -> None:
+        if routes is not None:
+            mount(routes, app)  # for connections the lean server hands to the app
         # tasks still in service when the process stops are lost anyway: do not wait for them long
         runner = web.AppRunner(
             app,
@@ -235,9 +247,14 @@ def serve(
             keepalive_timeout=IDLE_TIMEOUT,  # also closes a connection that never sends a whole request
         )
         await runner.setup()
-        guard.server = runner.server
         loop = asyncio.get_running_loop()
-        listener = await loop.create_server(guard, host, port, backlog=4096, reuse_address=True)
+        lean = None
+        if routes is None:
+            guard.server = runner.server
+            listener = await loop.create_server(guard, host, port, backlog=4096, reuse_address=True)
+        else:
+            lean = LeanServer(routes, runner.server)
+            listener = await lean.start(host, port, guard)
         logging.info("serving on %s:%d as %s (at most %d connections)", host, port, url, guard.limit)
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -245,6 +262,8 @@ def serve(
         await stop.wait()
         logging.info("stopping")
         listener.close()
+        if lean is not None:
+            await lean.close()
         await runner.cleanup()
 
     uvloop.run(main())

@@ -7,9 +7,10 @@ in the cluster file), the path, the sender's id, a counter, the time and the bod
     Authorization: LBT-MAC 3f9c2a71d04e5b86:1042:1767268800.123456:9d0c...  (sender:counter:time:mac)
 
 The MAC is keyed BLAKE2b with a 128-bit tag (RFC 7693, keyed mode: a MAC by design, like HMAC, and
-about twice as fast as HMAC-SHA256 on the small bodies of the task path: signing and checking a task's
-request, checking it and signing and checking its answer cost about 9 µs in all on this kind of
-machine, against a few hundred µs per task through dispatcher and node).
+about twice as fast as HMAC-SHA256 on the small bodies of the task path: signing a task's request,
+checking it, and signing and checking its answer cost about 7 µs in all on this kind of machine, against a
+few hundred µs per task through dispatcher and node; each MAC starts from a copy of the keyed state, which
+saves hashing the key's block every time).
 
 The receiver refuses (401) a request whose MAC is wrong (another body, path or receiver), whose
 (sender, counter) it has seen (a replay), or that was signed before the receiver itself started (a
@@ -56,8 +57,19 @@ def _host_port(host: str) -> bytes:
     return (host if ":" in host.rsplit("]", 1)[-1] else f"{host}:80").encode()
 
 
-def _mac(key: bytes, data: bytes) -> str:
-    return hashlib.blake2b(data, key=key, digest_size=16).hexdigest()
+class _Keyed:
+    """BLAKE2b keyed with the cluster's key: the key's block is hashed once, and each MAC starts from a copy
+    of that state (half the work of keying every MAC anew, on bodies this small)."""
+
+    __slots__ = ("state",)
+
+    def __init__(self, key: bytes) -> None:
+        self.state = hashlib.blake2b(key=key, digest_size=16)
+
+    def mac(self, data: bytes) -> str:
+        h = self.state.copy()
+        h.update(data)
+        return h.hexdigest()
 
 
 class Signer:
@@ -65,6 +77,7 @@ class Signer:
 
     def __init__(self, key: str) -> None:
         self.key = key.encode()
+        self._keyed = _Keyed(self.key)
         self.sender = secrets.token_hex(8)  # this process's id among the senders a receiver knows
         self._sender = self.sender.encode()
         self._counter = itertools.count(1)
@@ -73,7 +86,7 @@ class Signer:
         """The ``Authorization`` value for a request to ``to`` (host:port), and the tag its answer's
         signature is checked against (``answer_ok``)."""
         tag = b"%s:%d:%.6f" % (self._sender, next(self._counter), time.time())
-        mac = _mac(self.key, b"%s%s\n%s\n%s\n%s\n%s" % (_REQUEST, method, to, path, tag, body))
+        mac = self._keyed.mac(b"%s%s\n%s\n%s\n%s\n%s" % (_REQUEST, method, to, path, tag, body))
         return b"LBT-MAC %s:%s" % (tag, mac.encode()), tag
 
     def answer_ok(self, tag: bytes, status: int, body: bytes, signature: bytes | str | None) -> bool:
@@ -82,7 +95,7 @@ class Signer:
             return False
         if isinstance(signature, str):
             signature = signature.encode("ascii", "replace")
-        expected = _mac(self.key, b"%s%s\n%d\n%s" % (_ANSWER, tag, status, body)).encode()
+        expected = self._keyed.mac(b"%s%s\n%d\n%s" % (_ANSWER, tag, status, body)).encode()
         return hmac.compare_digest(expected, signature.strip())
 
     def headers(self, method: str, url: str, body: bytes = b"") -> tuple[dict[str, str], bytes]:
@@ -118,6 +131,7 @@ class Verifier:
 
     def __init__(self, key: str, url: str | None = None) -> None:
         self.key = key.encode()
+        self._keyed = _Keyed(self.key)
         # requests must be signed for this receiver's address; a receiver that does not know its own (an
         # app built in a test) takes the Host header's, which binds a request to the address it was sent to
         self.to = authority(url).encode() if url else None
@@ -137,6 +151,8 @@ class Verifier:
     def _verify(self, method: str, path: str, value: str | None, body: bytes, to: bytes) -> bytes:
         if not value:
             raise Unauthorized("missing signature (Authorization: LBT-MAC sender:counter:time:mac)")
+        if not value.isascii():  # hmac.compare_digest refuses non-ASCII strings with TypeError
+            raise Unauthorized("malformed signature (non-ASCII characters)")
         scheme, _, rest = value.partition(" ")
         tag, _, mac = rest.rpartition(":")
         parts = tag.split(":")
@@ -144,7 +160,7 @@ class Verifier:
             raise Unauthorized("malformed signature (expected LBT-MAC sender:counter:time:mac)")
         raw = tag.encode()
         data = b"%s%s\n%s\n%s\n%s\n%s" % (_REQUEST, method.encode(), to, path.encode(), raw, body)
-        if not hmac.compare_digest(_mac(self.key, data), mac):
+        if not hmac.compare_digest(self._keyed.mac(data), mac):
             raise Unauthorized("wrong signature")
         sender, n, stamp = parts
         try:
@@ -162,4 +178,4 @@ class Verifier:
 
     def sign(self, tag: bytes, status: int, body: bytes) -> str:
         """The ``X-LBT-Signature`` of an answer to the request of ``tag``."""
-        return _mac(self.key, b"%s%s\n%d\n%s" % (_ANSWER, tag, status, body))
+        return self._keyed.mac(b"%s%s\n%d\n%s" % (_ANSWER, tag, status, body))

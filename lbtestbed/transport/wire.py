@@ -43,10 +43,15 @@ class BadRequest(Exception):
 
 def error(status: int, message: str, field: str = "", **extra: Any) -> web.Response:
     """A JSON error; ``extra`` adds fields (the node of a lost or refused task)."""
+    return web.json_response(error_body(message, field, **extra), status=status)
+
+
+def error_body(message: str, field: str = "", **extra: Any) -> dict[str, Any]:
+    """The body of a JSON error (docs/protocol.md, "Conventions")."""
     body: dict[str, Any] = {"error": message, **extra}
     if field:
         body["field"] = field
-    return web.json_response(body, status=status)
+    return body
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -102,11 +107,15 @@ async def read_body(request: web.Request) -> bytes:
 
 async def read_json(request: web.Request) -> Mapping[str, Any]:
     """The request's JSON object, or BadRequest naming what is wrong."""
-    raw = await read_body(request)
+    return parse_json(await read_body(request), request.charset)
+
+
+def parse_json(raw: bytes, charset: str | None = None) -> Mapping[str, Any]:
+    """A body as a JSON object, read in ``charset`` (UTF-8 by default), or BadRequest naming what is wrong."""
     try:
-        body = json.loads(raw.decode(request.charset or "utf-8"))
+        body = json.loads(raw.decode(charset or "utf-8"))
     except LookupError:
-        raise BadRequest(f"unknown charset {request.charset!r}") from None
+        raise BadRequest(f"unknown charset {charset!r}") from None
     except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: absurdly deep nesting
         raise BadRequest("body is not valid JSON") from None
     if not isinstance(body, dict):
