@@ -158,7 +158,9 @@ def main() -> int:
     for k, v in out["legs"].items():
         print(f"  {k:<8} p50 {v['p50_ms']:.3f} ms  p99 {v['p99_ms']:.3f} ms")
     per_task = out["cpu_us_per_task"]
-    print(f"CPU per task: dispatcher {per_task['dispatcher']:.1f} µs, node processes {per_task['nodes']:.1f} µs")
+    print(
+        f"CPU per task: dispatcher {per_task['dispatcher']:.1f} µs, node processes {per_task['nodes']:.1f} µs"
+    )
     return 0
 
 
