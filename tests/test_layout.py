@@ -1,4 +1,4 @@
-"""The package's layout (docs/design.md, principle 9): no module imports itself through others, and nothing
+"""The package's layout (docs/design.md, principle 8): no module imports itself through others, and nothing
 but the command line and the spec reader sits loose at the top of the package.
 
 The import graph is grimp's (the library behind import-linter): every import statement counts, also one
