@@ -8,12 +8,12 @@ a ``ModelClock``; the clock is only arithmetic: it reads no clock itself, the ca
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class ModelClock:
-    """Model seconds from wall instants (``to_model``) and back (``to_wall``), and durations either way."""
+class ModelClock(NamedTuple):
+    """Model seconds from wall instants (``to_model``) and back (``to_wall``), and durations either way
+    (immutable: a clock with another origin is another clock)."""
 
     time_scale: float  # wall seconds per model second
     origin: float = 0.0  # the wall instant of model time 0
