@@ -49,7 +49,7 @@ from lbtestbed.model.experiment import Experiment
 from lbtestbed.model.streams import seeded_random
 from lbtestbed.policies import DispatcherSide, Message, Probe, Route, make_dispatcher, policy_of
 from lbtestbed.transport import wire
-from lbtestbed.transport.actions import Note, Send
+from lbtestbed.transport.actions import AgeObserver, Note, Observer, Send
 from lbtestbed.transport.message_faults import MessageFaults
 from lbtestbed.transport.wire import Reply, error_reply
 
@@ -68,14 +68,6 @@ LEGS = ("decide", "to_node", "node_reply", "from_node")
 
 
 Action = Send | Transition | Note
-
-
-class Observer(Protocol):
-    def observe(self, amount: float) -> None: ...
-
-
-class AgeObserver(Protocol):
-    def observe(self, m: Message, sent: float | None, now: float, rider: bool = False) -> None: ...
 
 
 class Recorder(Protocol):

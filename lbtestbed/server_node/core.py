@@ -33,7 +33,7 @@ from lbtestbed.model.streams import seeded_random
 from lbtestbed.model.workload import Task
 from lbtestbed.policies import Message, NodeSide, make_node_sides, policy_of
 from lbtestbed.transport import wire
-from lbtestbed.transport.actions import Note, Send
+from lbtestbed.transport.actions import AgeObserver, Note, Observer, Send
 from lbtestbed.transport.message_faults import MessageFaults
 from lbtestbed.transport.wire import Reply, error_reply
 
@@ -64,14 +64,6 @@ class Admitted(NamedTuple):
 
 
 Action = Arm | Completed | Send | Note
-
-
-class Observer(Protocol):
-    def observe(self, amount: float) -> None: ...
-
-
-class AgeObserver(Protocol):
-    def observe(self, m: Message, sent: float | None, now: float, rider: bool = False) -> None: ...
 
 
 class Recorder(Protocol):
@@ -216,7 +208,9 @@ class NodeCore:
             self.found[task.id] = model.x - 1
         self._schedule(k)
         try:
-            self.send(self.sides[k].on_arrival(model.x, origin, piggyback), self.clock.to_wall(t))
+            msgs = self.sides[k].on_arrival(model.x, origin, piggyback)
+            if msgs:
+                self.send(msgs, self.clock.to_wall(t))
         except (ValueError, TypeError, AssertionError) as e:  # the task is admitted and served regardless
             self.send_failures["piggyback"] += 1
             self.outbox.append(Note(f"node {k}: bad piggyback {piggyback!r}: {e}"))
@@ -310,7 +304,8 @@ class NodeCore:
                     self.piggybacked[m.kind] += 1
                 msgs = tuple(m for m in msgs if m.dispatcher != task.origin)
             self.outbox.append(Completed(task.id, t, ride))
-        self.send(msgs, self.clock.to_wall(t))
+        if msgs:
+            self.send(msgs, self.clock.to_wall(t))
 
     def snapshot(self, now: float) -> dict[str, Any]:
         """Exact integrals of every node up to model time ``now`` (advancing them is harmless: it is exact

@@ -149,9 +149,12 @@ class NodeHost:
 
     def act(self) -> None:
         """Carry out what the core decided since the last call."""
-        if not self.core.outbox:
+        core = self.core
+        actions = core.outbox
+        if not actions:
             return
-        for action in self.core.take():
+        core.outbox = []
+        for action in actions:
             if isinstance(action, Arm):
                 self._arm(action.node, action.t)
             elif isinstance(action, Completed):
@@ -169,13 +172,13 @@ class NodeHost:
             old.cancel()
         if t < INF:
             assert self.loop is not None
-            wait = self.clock.to_wall(t) - time.monotonic()
+            wait = self.core.clock.to_wall(t) - time.monotonic()
             self.timers[k] = self.loop.call_later(max(0.0, wait), self._fire, k, t)
 
     def _fire(self, k: int, t: float) -> None:
         assert self.loop is not None
         self.timers.pop(k, None)
-        early = self.clock.to_wall(t) - time.monotonic()
+        early = self.core.clock.to_wall(t) - time.monotonic()
         if early > EARLY_WAKE:
             self.timers[k] = self.loop.call_later(early, self._fire, k, t)
             return
