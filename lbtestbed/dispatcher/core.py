@@ -345,9 +345,10 @@ class DispatcherCore:
         }
         legs["released"] = released
         try:
-            node_clock = ModelClock(self.clock.time_scale, float(reply.pop("t0")))
-            arrived = node_clock.to_wall(float(reply["arrived"]))
-            due = node_clock.to_wall(float(reply["completed"]))
+            # the node's model times on its own clock: same scale as ours, origin t0
+            t0, span = float(reply.pop("t0")), self.clock.wall_span
+            arrived = t0 + span(float(reply["arrived"]))
+            due = t0 + span(float(reply["completed"]))
             replied = float(reply.pop("replied"))
             legs |= {"node_arrived": arrived, "node_due": due, "node_fired": float(reply.pop("fired"))}
             legs["node_replied"] = replied

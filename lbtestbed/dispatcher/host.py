@@ -138,9 +138,10 @@ class DispatcherHost:
         if isinstance(ticket, Reply):
             return ticket
         try:
-            return await self._route(ticket)
-        finally:
+            return await self._route(ticket)  # the answer: the task has left the dispatcher
+        except BaseException:  # the request ended otherwise (cancelled, a bug): it leaves all the same
             self.core.leave(ticket, time.monotonic())
+            raise
 
     async def messages(self, body: Mapping[str, Any]) -> Reply:
         """``POST /v1/messages``: state messages from the nodes."""

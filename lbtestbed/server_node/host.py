@@ -68,6 +68,8 @@ class NodeHost:
         self.registry = self.metrics.registry
         self.core = NodeCore(exp, self.ids, len(self.dispatchers), max_tasks, self.incarnation, self.metrics)
         self.faults = self.core.faults
+        # the node a request's path names (its digits), or the 404 if this host has none
+        self.node_of = self.core.node_of
         self.delay = None
         if exp.network.delay is not None:
             self.delay = BlockSampler(
@@ -206,10 +208,6 @@ class NodeHost:
             log.warning("cannot reach dispatcher %s: %s", url, e)
 
     # ----------------------------------------------------------------------------------------- routes
-
-    def node_of(self, text: str) -> int | Reply:
-        """The node a request's path names (its digits), or the 404 if this host has none."""
-        return self.core.node_of(text)
 
     async def task(self, k: int, body: Mapping[str, Any]) -> Reply:
         """``POST /v1/nodes/k/tasks``: the answer once the task is served (or refused)."""
