@@ -10,8 +10,10 @@ the intended send) in alternating rounds:
   the node: two round trips (client to dispatcher, dispatcher to node), the node's timer and the
   dispatch. The legs of each task (docs/run.md, "Where the time goes") say where.
 
-Reported: p50 and p99 of both in wall ms and their ratios, and the p50/p99 of every leg. Target (issue 14):
-overhead p50 <= 1 ms and p99 <= 3 ms at 1,000 tasks/s on a 2-core machine.
+Reported: p50 and p99 of both in wall ms and their ratios, the p50/p99 of every leg, and the CPU time the
+dispatcher and the node processes spent per completed task over the cluster rounds (user + system, from
+``/proc/PID/stat``; the echo rounds in between leave them idle but for their health checks). Target (issue
+14): overhead p50 <= 1 ms and p99 <= 3 ms at 1,000 tasks/s on a 2-core machine.
 
     .venv/bin/python benchmarks/bench_overhead.py [--rate 1000] [--seconds 5] [--rounds 3] [--json]
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -51,6 +54,13 @@ web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), access_log=None, print
 
 
 TASK_WALL = 0.02  # seconds: the mean task
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far."""
+    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(stat[11]) + int(stat[12])) / CLK_TCK
 
 
 async def echo_round(url: str, times: list[float]) -> np.ndarray:
@@ -102,13 +112,20 @@ def main() -> int:
             time.sleep(1.0)
             url = f"http://127.0.0.1:{port}"
             echo_rtt, overhead, legs = [], [], {}
+            cpu = {"dispatcher": 0.0, "nodes": 0.0}
+            completed = 0
             with Cluster(Path(tmp) / "cluster.json") as cluster:
                 f = cluster.up(exp, node_processes=2)
+                pids = {"dispatcher": [d.pid for d in f.dispatchers], "nodes": [h.pid for h in f.node_hosts]}
                 for r in range(args.rounds):
                     print(f"round {r + 1}/{args.rounds}: echo, then the cluster", file=sys.stderr)
                     echo_rtt.append(uvloop.run(echo_round(url, times)))
+                    before = {role: sum(map(cpu_seconds, ps)) for role, ps in pids.items()}
                     report = uvloop.run(drive([d.url for d in f.dispatchers], tasks, scale))
+                    for role, ps in pids.items():
+                        cpu[role] += sum(map(cpu_seconds, ps)) - before[role]
                     recs = report.records
+                    completed += len(recs)
                     overhead.append(np.array([(x.sojourn - x.stay) * scale for x in recs]))
                     for name in ("late", "arrive", "decide", "forward", "notify", "reply"):
                         legs.setdefault(name, []).append(np.array([getattr(x, name) * scale for x in recs]))
@@ -124,6 +141,7 @@ def main() -> int:
         "ratio_p50": o["p50_ms"] / e["p50_ms"],
         "ratio_p99": o["p99_ms"] / e["p99_ms"],
         "legs": {k: quantiles(np.concatenate(v)) for k, v in legs.items()},
+        "cpu_us_per_task": {role: 1e6 * seconds / max(1, completed) for role, seconds in cpu.items()},
         "target": {"p50_ms": 1.0, "p99_ms": 3.0},
         "meets_target": o["p50_ms"] <= 1.0 and o["p99_ms"] <= 3.0,
     }
@@ -139,6 +157,10 @@ def main() -> int:
     )
     for k, v in out["legs"].items():
         print(f"  {k:<8} p50 {v['p50_ms']:.3f} ms  p99 {v['p99_ms']:.3f} ms")
+    per_task = out["cpu_us_per_task"]
+    print(
+        f"CPU per task: dispatcher {per_task['dispatcher']:.1f} µs, node processes {per_task['nodes']:.1f} µs"
+    )
     return 0
 
 

@@ -21,6 +21,7 @@ import asyncio
 import itertools
 import json
 import math
+import time
 import tomllib
 import types
 from collections import Counter
@@ -34,6 +35,7 @@ import pytest
 from prometheus_client import generate_latest
 
 import lbtestbed.dispatcher.host as dispatcher_module
+import lbtestbed.dispatcher.metrics as dispatcher_metrics
 from lbtestbed.analysis.comparison.compare import (
     Side,
     Verdict,
@@ -60,7 +62,6 @@ from lbtestbed.model.reader import SpecError
 from lbtestbed.model.workload import Task
 from lbtestbed.policies import CATALOG
 from lbtestbed.server_node.host import NodeHost
-from lbtestbed.server_node.metrics import registry_for
 from lbtestbed.spec import load_spec, parse_spec
 from lbtestbed.transport.cluster_file import ClusterError, ClusterFile, Endpoint
 
@@ -508,7 +509,7 @@ def node_host(exp: Experiment, ids: list[int], loop: asyncio.AbstractEventLoop) 
 def node_page(host: NodeHost, t: float) -> str:
     """The host's /metrics page when its model clock reads t."""
     host.now = lambda: t  # type: ignore[method-assign]
-    return generate_latest(registry_for(host)).decode()
+    return generate_latest(host.registry).decode()
 
 
 def dispatcher_page(host: DispatcherHost) -> str:
@@ -541,12 +542,12 @@ def queue_snapshots(idle_loop: asyncio.AbstractEventLoop) -> tuple[Experiment, l
             driven[k].to(ta)
         driven[2].to(tb)
         # senders' counts decide; what receivers counted must not be added (each message counted once)
-        a.sent = Counter(probe_reply=[7, 11, 20][i])
-        a.received = Counter(probe=[500, 600, 700][i])
-        b.sent = Counter(probe_reply=[3, 4, 8][i])
-        disp.sent = Counter(probe=[10, 16, 30][i])
-        disp.received = Counter(probe_reply=[100, 200, 400][i])
-        disp.decisions = Counter(probed=[5, 8, 15][i])
+        a.core.sent = Counter(probe_reply=[7, 11, 20][i])
+        a.core.received = Counter(probe=[500, 600, 700][i])
+        b.core.sent = Counter(probe_reply=[3, 4, 8][i])
+        disp.core.sent = Counter(probe=[10, 16, 30][i])
+        disp.core.received = Counter(probe_reply=[100, 200, 400][i])
+        disp.core.decisions = Counter(probed=[5, 8, 15][i])
         pages = {
             "http://dispatcher": dispatcher_page(disp),
             "http://nodes-a": node_page(a, ta),
@@ -689,9 +690,11 @@ def pool_snapshots(
     """
     exp = experiment(POOLS)
     wall = [100.0]
-    monkeypatch.setattr(dispatcher_module, "time", types.SimpleNamespace(monotonic=lambda: wall[0]))
+    clock = types.SimpleNamespace(monotonic=lambda: wall[0], time=time.time)
+    monkeypatch.setattr(dispatcher_module, "time", clock)
+    monkeypatch.setattr(dispatcher_metrics, "time", clock)
     disp = DispatcherHost(exp, 0, 1, ["http://127.0.0.1:9"] * exp.n, "token")
-    assert disp.learned is not None and disp.policy.r == 1  # type: ignore[attr-defined]
+    assert disp.core.learned is not None and disp.policy.r == 1  # type: ignore[attr-defined]
     host = node_host(exp, [0, 1], idle_loop)
     driven = [
         Driven(host.models[0], [(1.0, 2.0), (2.0, 3.0), (4.0, 0.5)]),
@@ -714,15 +717,15 @@ def pool_snapshots(
             at_dispatcher(when)
             if r is not None:
                 disp.policy.r = r  # type: ignore[attr-defined]
-                disp.track_r()
+                disp.core.track_r(wall[0])
             if accepted:
-                disp.present.add(accepted, wall[0])
+                disp.core.present.add(accepted, wall[0])
         at_dispatcher(tau)
-        host.sent = Counter(
+        host.core.sent = Counter(
             token_departure=[2, 5, 9][i], token_arrival=[0, 1, 1][i], token_epoch=[1, 2, 4][i]
         )
-        disp.sent = Counter(epoch=[1, 2, 4][i])
-        disp.decisions = Counter(green_prev=[3, 6, 10][i], yellow=[1, 2, 5][i])
+        disp.core.sent = Counter(epoch=[1, 2, 4][i])
+        disp.core.decisions = Counter(green_prev=[3, 6, 10][i], yellow=[1, 2, 5][i])
         pages = {"http://dispatcher": dispatcher_page(disp), "http://nodes": node_page(host, t)}
         snaps.append(Snapshot(float(i), {u: parse(p) for u, p in pages.items()}))
     return exp, snaps

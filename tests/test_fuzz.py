@@ -81,6 +81,7 @@ from lbtestbed.server_node.app import build_app as build_node_app
 from lbtestbed.server_node.host import NodeHost
 from lbtestbed.spec import load_spec, parse_spec
 from lbtestbed.transport import wire
+from lbtestbed.transport.aiohttp_glue import signed
 from lbtestbed.transport.cluster_file import ClusterFile
 from lbtestbed.transport.signing import Signer, Verifier
 
@@ -1009,7 +1010,7 @@ async def in_process(exp: Experiment | None = None) -> Any:
     dispatcher_host = DispatcherHost(exp, 0, 1, [f"{nodes}/v1/nodes/{k}" for k in range(exp.n)], "T")
     dispatcher_server, disp = await serve(build_dispatcher_app(dispatcher_host))
     node_host.dispatchers[:] = [disp]
-    await asyncio.wait_for(dispatcher_host.health.ready.wait(), 10)  # it takes tasks after first contact
+    await asyncio.wait_for(dispatcher_host.ready.wait(), 10)  # it takes tasks after first contact
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
             yield session, disp, nodes, dispatcher_host
@@ -1126,17 +1127,18 @@ async def test_a_rider_for_a_node_outside_the_cluster_is_dropped_and_the_task_co
 
     app = web.Application()
     key = Verifier("T")  # the liar holds the key: what it says is a peer's word
-    app.router.add_post(r"/v1/nodes/{node:\d+}/tasks", wire.signed(key, liar))
-    app.router.add_get("/v1/state", wire.signed(key, state))
+    app.router.add_post(r"/v1/nodes/{node:\d+}/tasks", signed(key, liar))
+    app.router.add_get("/v1/state", signed(key, state))
     fake, base = await serve(app)
     host = DispatcherHost(exp, 0, 1, [f"{base}/v1/nodes/{k}" for k in range(exp.n)], "T")
     server, disp = await serve(build_dispatcher_app(host))
-    await asyncio.wait_for(host.health.ready.wait(), 10)
+    await asyncio.wait_for(host.ready.wait(), 10)
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
             status, text = await post_status(session, f"{disp}/v1/tasks", b'{"work": 1}', {})
         assert status == 200, text
-        assert (host.outcomes["completed"], host.rejected["departure"], host.in_flight) == (1, 1, 0)
+        core = host.core
+        assert (core.outcomes["completed"], core.rejected["departure"], core.in_flight) == (1, 1, 0)
     finally:
         await server.close()
         await fake.close()
@@ -1162,12 +1164,12 @@ async def test_an_unreadable_state_report_fails_the_check_and_the_watch_goes_on(
         return web.json_response({"incarnation": 1, "model_time": 0.0, "reports": reports})
 
     app = web.Application()
-    app.router.add_get("/v1/state", wire.signed(Verifier("T"), state))
+    app.router.add_get("/v1/state", signed(Verifier("T"), state))
     fake, base = await serve(app)
     host = DispatcherHost(exp, 0, 1, [f"{base}/v1/nodes/{k}" for k in range(exp.n)], "T")
     server, disp = await serve(build_dispatcher_app(host))
     try:
-        await asyncio.wait_for(host.health.ready.wait(), 10)  # it answered: no first-contact wait
+        await asyncio.wait_for(host.ready.wait(), 10)  # it answered: no first-contact wait
         before = asked
         await asyncio.sleep(5 * exp.health.heartbeat)
         assert asked > before + 1 and host.health.heartbeats["unreadable"] >= 2

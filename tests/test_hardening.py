@@ -47,7 +47,7 @@ import uvloop
 from test_cluster import fcfs_spec, get, post, scrape, signed_by, wait_until, write_spec
 
 from lbtestbed.cluster.launcher import Cluster, healthy, spawn
-from lbtestbed.dispatcher.health import failure_kind
+from lbtestbed.dispatcher.checks import failure_kind
 from lbtestbed.dispatcher.host import DispatcherHost
 from lbtestbed.loadgen.openloop import OUTCOMES, LoadReport, drive, poisson_tasks
 from lbtestbed.spec import load_spec, parse_spec

@@ -29,7 +29,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from lbtestbed.cluster.processes import free_ports
-from lbtestbed.transport import wire
+from lbtestbed.transport import aiohttp_glue, wire
 from lbtestbed.transport.http import HttpError, HttpPool
 from lbtestbed.transport.lean_http import (
     MAX_HEAD,
@@ -376,7 +376,7 @@ def test_routes_params_404_405_and_head() -> None:
     with served() as s:
         for segment in ("0", "17", digits):
             (a,), _ = exchange(s.port, post(f"/v1/nodes/{segment}/tasks?x=1", b"", "Connection: close"))
-            assert a.status == 200 and wire.parse_json(a.body) == {
+            assert a.status == 200 and wire.decode_json(a.body) == {
                 "method": "POST",
                 "target": f"/v1/nodes/{segment}/tasks?x=1",
                 "path": f"/v1/nodes/{segment}/tasks",
@@ -468,7 +468,7 @@ def test_the_body_is_read_in_its_charset() -> None:
         sock.sendall(post("/json", b'{"a": 1}', "Content-Type: application/json; charset=nonsense"))
         sock.sendall(post("/json", '{"a": "é"}'.encode("latin-1")))  # not UTF-8
         a, b, c = read_answers(sock, 3)
-    assert (a.status, wire.parse_json(a.body)) == (200, {"a": "é"})
+    assert (a.status, wire.decode_json(a.body)) == (200, {"a": "é"})
     assert (b.status, b.body) == (400, b"unknown charset 'nonsense'")
     assert (c.status, c.body) == (400, b"body is not valid JSON")
 
@@ -591,7 +591,7 @@ def test_a_request_that_cannot_be_framed_gets_400_one_log_line_and_a_closed_conn
         answers, rest = exchange(s.port, post("/echo", b"[1]") + request_bytes)
         assert [a.status for a in answers] == [200, 400] and rest == b"", answers
         assert answers[0].body == b"[1]" and answers[1].headers["connection"] == "close"
-        assert wire.parse_json(answers[1].body)["error"]
+        assert wire.decode_json(answers[1].body)["error"]
         assert s.server.stats.refused == {400: 1} and s.server.stats.requests == 1
     records = lean_records(caplog)
     assert len(records) == 1 and records[0].levelno == logging.WARNING, records
@@ -656,7 +656,7 @@ def test_a_signed_round_trip_and_every_way_to_fail_it() -> None:
     with served(verifier=verifier) as s:
         answers = asyncio.run(client(s.url))
         assert [status for status, _ in answers] == [200] * 4
-        assert wire.parse_json(answers[0][1])["param"] == "3" and answers[3][1] == b'{"x": 1}'
+        assert wire.decode_json(answers[0][1])["param"] == "3" and answers[3][1] == b'{"x": 1}'
         assert verifier.refused == 0
         requests = s.server.stats.requests
         signer = Signer(KEY)
@@ -681,15 +681,15 @@ def test_a_signed_round_trip_and_every_way_to_fail_it() -> None:
 
 
 async def test_a_non_ascii_authorization_gets_401_from_aiohttp_too() -> None:
-    """The same check through ``wire.signed`` on an aiohttp app (the admin routes): 401, counted; it used
-    to end in hmac.compare_digest's TypeError, a 500."""
+    """The same check through ``aiohttp_glue.signed`` on an aiohttp app (the admin routes): 401, counted; it
+    used to end in hmac.compare_digest's TypeError, a 500."""
     verifier = Verifier(KEY)
 
     async def handler(request: web.Request) -> web.Response:
         return web.json_response({"ok": True})
 
     app = web.Application()
-    app.router.add_post("/v1/faults", wire.signed(verifier, handler))
+    app.router.add_post("/v1/faults", aiohttp_glue.signed(verifier, handler))
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     try:
@@ -730,7 +730,7 @@ def test_requests_for_other_routes_go_to_the_fallback_app() -> None:
             assert read_answers(sock, 1)[0].status == 404
             sock.sendall(post("/v1/nodes/12/tasks", b"{}"))
             (a,) = read_answers(sock, 1)
-            assert a.status == 200 and wire.parse_json(a.body)["param"] == "12"
+            assert a.status == 200 and wire.decode_json(a.body)["param"] == "12"
             assert a.headers["connection"] == "close" and read_to_eof(sock) == b""
         assert s.server.stats.handed_over == 1 and s.server.stats.requests == 0  # that one was aiohttp's
 

@@ -316,7 +316,7 @@ async def test_live_answers_follow_the_documents(doc: dict[str, Any]) -> None:
         server, disp = await serve(build_dispatcher_app(dispatcher_host))
         servers.append(server)
         node_host.dispatchers[:] = [disp]
-        await asyncio.wait_for(dispatcher_host.health.ready.wait(), 10)  # its first health checks
+        await asyncio.wait_for(dispatcher_host.ready.wait(), 10)  # its first health checks
         dead = [f"{NOWHERE}/v1/nodes/{k}" for k in range(exp.n)]
         server, lost = await serve(build_dispatcher_app(DispatcherHost(exp, 0, 1, dead, TOKEN)))
         servers.append(server)
@@ -395,14 +395,14 @@ async def test_live_answers_follow_the_documents(doc: dict[str, Any]) -> None:
             assert (await call(disp, "POST", messages, body=idle))[0] == 401
             assert (await call(disp, "POST", messages, token=TOKEN, body={"messages": []}))[0] == 400
             # a kind the policy does not receive, or a node outside the cluster: refused before counting
-            received = dict(dispatcher_host.received)
+            received = dict(dispatcher_host.core.received)
             departure = {"messages": [idle["messages"][0], {"kind": "departure", "node": 0}]}
             reply = (await call(disp, "POST", messages, token=TOKEN, body=departure))[1]
             assert reply["field"] == "messages[1].kind"
             far_node = {"messages": [idle["messages"][0], {"kind": "idle_token", "node": exp.n}]}
             reply = (await call(disp, "POST", messages, token=TOKEN, body=far_node))[1]
             assert reply["field"] == "messages[1].node"
-            assert dict(dispatcher_host.received) == received
+            assert dict(dispatcher_host.core.received) == received
             assert (await call(disp, "POST", messages, token=TOKEN, raw=big))[0] == 413
 
             # a message the policy refuses stops the batch and says how many were applied
@@ -416,8 +416,8 @@ async def test_live_answers_follow_the_documents(doc: dict[str, Any]) -> None:
             status, reply = await call(slta_disp, "POST", messages, token=TOKEN, body=batch)
             assert (status, reply["field"]) == (400, "messages[1]")
             assert "(1 of 2 messages applied)" in reply["error"]
-            assert slta_dispatcher.received["token_arrival"] == 1
-            assert slta_dispatcher.rejected["token_arrival"] == 1
+            assert slta_dispatcher.core.received["token_arrival"] == 1
+            assert slta_dispatcher.core.rejected["token_arrival"] == 1
 
             # state messages to a node: an SLTA epoch that agrees with the idle pool's true bits is
             # answered all the same, on the reply, with the unchanged bits, the pool's last seq (none: 0),
@@ -510,7 +510,7 @@ async def test_live_answers_follow_the_documents(doc: dict[str, Any]) -> None:
                 gray, "POST", node_tasks, "/v1/nodes/1/tasks", token=TOKEN, body={"work": 0.5}
             )
             assert status == 500 and "failed the task" in reply["error"], reply
-            assert gray_host.failed[1] == 1 and gray_host.models[1].arrivals == 0
+            assert gray_host.core.failed[1] == 1 and gray_host.models[1].arrivals == 0
             # the dispatchers' health check of a node host: incarnation and every node's report
             status, reply = await call(nodes, "GET", "/v1/state", token=TOKEN)
             assert status == 200 and set(reply["reports"]) == {"0", "1"}
@@ -526,11 +526,11 @@ async def test_live_answers_follow_the_documents(doc: dict[str, Any]) -> None:
             orphan = DispatcherHost(exp, 0, 1, urls, TOKEN)
             server, orphan_url = await serve(build_dispatcher_app(orphan))
             servers.append(server)
-            await asyncio.wait_for(orphan.health.ready.wait(), 10)
+            await asyncio.wait_for(orphan.ready.wait(), 10)
             await gone_server.close()
             status, reply = await call(orphan_url, "POST", tasks, body={"work": 1.0})
             assert status == 502 and reply["node"] in (0, 1), reply
-            assert orphan.outcomes["lost"] == 1 and orphan.health.up_count == 0  # marked down at once
+            assert orphan.core.outcomes["lost"] == 1 and orphan.health.up_count == 0  # marked down at once
 
             # the token is asked for exactly where the document says so
             for (method, path), op in call.ops.items():

@@ -72,7 +72,7 @@ async def test_the_dispatcher_process_tells_a_clocked_side_the_time_and_the_late
         servers.append(TestServer(build_dispatcher_app(disp), host="127.0.0.1"))
         await servers[-1].start_server()
         before = (time.monotonic() - disp.started) / exp.run.time_scale
-        await disp.health.ready.wait()
+        await disp.ready.wait()
         async with aiohttp.ClientSession() as session:
             url = f"http://127.0.0.1:{servers[-1].port}/v1/tasks"
             async with session.post(url, json={"work": 2.0}) as resp:
@@ -103,9 +103,9 @@ def test_a_side_that_keeps_no_time_is_not_told_it() -> None:
     )
     disp = DispatcherHost(exp, 0, 1, [f"{NOWHERE}/v1/nodes/{k}" for k in range(2)], TOKEN)
     assert not disp.policy.uses_clock
-    assert disp.side(disp.started + 5.0).now == 0.0
+    assert disp.core.side(disp.started + 5.0).now == 0.0
     disp.policy = ClockedLeastRequest(exp, disp.policy.rng, 0)
-    assert disp.side(disp.started + 5.0).now == pytest.approx(5.0 / exp.run.time_scale)
+    assert disp.core.side(disp.started + 5.0).now == pytest.approx(5.0 / exp.run.time_scale)
 
 
 # ------------------------------------------------------------------- the cluster against its simulation

@@ -633,7 +633,7 @@ def test_a_node_host_maps_the_run_clock_through_the_monotonic_clock_when_it_can(
 
     from lbtestbed.model.nodes import make_node
     from lbtestbed.server_node.host import NodeHost
-    from lbtestbed.transport import wire
+    from lbtestbed.transport.process import machine
 
     exp = parse_spec(tomllib.loads(ONE_FCFS))
     loop = asyncio.new_event_loop()
@@ -644,9 +644,9 @@ def test_a_node_host_maps_the_run_clock_through_the_monotonic_clock_when_it_can(
             host.now = lambda: 0.0  # type: ignore[method-assign]
             host.models[0] = make_node("fcfs", 1.0)
             assert host.set_origin(1e6 + 10.0, monotonic) == 6  # the step and the ramp's five levels
-            assert host.changes[0][0] == (due, 0.5)
+            assert host.core.changes[0][0] == (due, 0.5)
             for handle in host.timers.values():
                 handle.cancel()
     finally:
         loop.close()
-    assert len(wire.machine()) == 36  # a Linux boot id: a UUID
+    assert len(machine()) == 36  # a Linux boot id: a UUID

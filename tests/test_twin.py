@@ -179,19 +179,19 @@ async def test_a_replys_messages_reach_the_dispatchers_policy_when_the_reply_is_
     for _ in range(exp.n):  # every node's first token taken: no node is known idle
         disp.policy.dispatch()
     assert not disp.policy.held  # type: ignore[attr-defined]
-    answer = asyncio.ensure_future(disp._route(1.0, time.monotonic()))
+    answer = asyncio.ensure_future(disp._route(disp.core.admit(1.0, time.monotonic())))
     for _ in range(3):
         await asyncio.sleep(0)  # the task is routed and forwarded, and waits for its node
-    assert not answer.done() and disp.in_flight == 1
+    assert not answer.done() and disp.core.in_flight == 1
     token = {"kind": "idle_token", "node": 1, "dispatcher": 0, "data": [1], "sent": time.monotonic()}
     now = time.monotonic()
     stamps = {"arrived": 0.0, "completed": 0.0, "t0": now, "fired": now, "replied": now}
     reply.set_result((200, orjson.dumps({"node": 0, "waited": False, **stamps, "messages": [token]})))
     seen: list[tuple[bool, int]] = []
-    loop.call_soon(lambda: seen.append((1 in disp.policy.held, disp.in_flight)))  # type: ignore[attr-defined]
+    loop.call_soon(lambda: seen.append((1 in disp.policy.held, disp.core.in_flight)))  # type: ignore[attr-defined]
     await answer
     assert seen == [(True, 0)]
-    assert disp.received["idle_token"] == 1
+    assert disp.core.received["idle_token"] == 1
 
 
 async def test_a_node_message_is_stamped_at_the_event_that_made_it() -> None:
@@ -230,7 +230,8 @@ async def test_a_node_message_is_stamped_at_the_event_that_made_it() -> None:
     host.models[0].arrive(Task(1, 0.5, 0.0), 0.0)
     due = host.models[0].next_completion()
     await asyncio.sleep(max(0.0, host.t0 + due * exp.run.time_scale - time.monotonic()))
-    host._complete(0, due)
+    host.core.complete(0, due)
+    host.act()
     await asyncio.gather(*host.background)
     [(left, body)] = posted
     [message] = body["messages"]

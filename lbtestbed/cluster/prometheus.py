@@ -46,7 +46,7 @@ from lbtestbed.model.reader import SpecError
 from lbtestbed.policies import CATALOG
 from lbtestbed.spec import load_spec
 from lbtestbed.transport.cluster_file import LOOPBACK, ClusterFile
-from lbtestbed.transport.wire import sojourn_buckets
+from lbtestbed.transport.metrics import sojourn_buckets
 
 #: the rule files of the repository, loaded by every server this module starts
 RULES_DIR = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"

@@ -17,6 +17,6 @@ host = DispatcherHost(
     me.url,
     journal_of(me),  # so that a restarted dispatcher still lists what its predecessor saw
 )
-host.max_in_flight = budget.in_flight
+host.core.max_in_flight = budget.in_flight
 host.guard = ConnectionGuard(budget.connections)
 serve(build_app(host), me.url, f"dispatcher-{index}", listen, host.guard)

@@ -17,6 +17,7 @@ came (docs/run.md, "Before it starts").
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import tempfile
 import time
@@ -27,10 +28,11 @@ from pathlib import Path
 import numpy as np
 
 from lbtestbed.cluster.launcher import Cluster
-from lbtestbed.experiment.preflight import AUTO_GRID, mean_service, resolve
 from lbtestbed.loadgen.openloop import drive, poisson_tasks
 from lbtestbed.model.experiment import Experiment
 
+#: the time scales ``time_scale = "auto"`` picks from: 1-2-5 steps from 0.0001 to 500
+AUTO_GRID = tuple(sorted({round(m * 10.0**e, 12) for e in range(-4, 3) for m in (1.0, 2.0, 5.0)}))
 #: wall seconds of the spec's own load in one calibration
 SECONDS = 2.0
 #: scales tried at most by time_scale = "auto"
@@ -61,6 +63,18 @@ class Live:
             f"{self.overhead_p50_ms:.2g} ms p50, {self.overhead_mean_ms:.2g} ms mean: about "
             f"{100 * self.cost:.2g} % of the mean sojourn"
         )
+
+
+def mean_service(exp: Experiment) -> float:
+    """Mean service time in model seconds: the mean work over the nodes' mean speed."""
+    speeds = exp.node_speeds
+    return exp.workload.service.mean / (sum(speeds) / len(speeds))
+
+
+def at_scale(exp: Experiment, time_scale: float) -> Experiment:
+    """``exp`` with its time scale set."""
+    run = dataclasses.replace(exp.run, time_scale=time_scale, auto_time_scale=False)
+    return dataclasses.replace(exp, run=run)
 
 
 def model_sojourn(exp: Experiment) -> float:
@@ -116,7 +130,7 @@ def auto_scale(
     scale, tried = first, []
     for _ in range(ATTEMPTS):
         say(f"calibrating: the spec's own load at time_scale {scale:g} for {SECONDS:g} s")
-        live = measure_live(resolve(exp, scale), node_processes)
+        live = measure_live(at_scale(exp, scale), node_processes)
         tried.append(live)
         if live.cost <= goal:
             why = f"time_scale = auto picked {scale:g}: {live.text()}, within {100 * goal:.2g} %"

@@ -26,6 +26,7 @@ from lbtestbed.cluster.launcher import spawn, started
 from lbtestbed.model.experiment import GRAY_FAULTS, MESSAGE_FAULTS, Experiment, Fault
 from lbtestbed.transport import wire
 from lbtestbed.transport.cluster_file import ClusterError, ClusterFile, Endpoint
+from lbtestbed.transport.process import machine
 from lbtestbed.transport.signing import SIGNATURE, Signer
 
 
@@ -121,7 +122,7 @@ class Injector:
         self.f.origin = origin_unix
         # the same instant on this machine's monotonic clock, which the task legs are stamped on: a node host
         # on this machine applies the timed changes exactly where the twin puts them
-        self.f.origin_monotonic, self.f.origin_machine = self.origin, wire.machine()
+        self.f.origin_monotonic, self.f.origin_machine = self.origin, machine()
         if any(fault.kind == "kill" for fault in self.exp.faults):
             self.f.save(self.path)
         body = json.dumps(

@@ -15,7 +15,6 @@ process, and the CPU of each process is its calibrated cost per event times the 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import math
 import os
@@ -31,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from lbtestbed.cluster.launcher import Cluster, default_node_processes
+from lbtestbed.experiment.calibration import AUTO_GRID, at_scale, auto_scale, mean_service
 from lbtestbed.model.experiment import Experiment
 from lbtestbed.policies import policy_of
 from lbtestbed.spec import load_spec
@@ -45,8 +45,6 @@ WARN_MACHINE = 0.4
 REFUSE_MACHINE = 0.7
 #: the overhead ``time_scale = "auto"`` allows, against the mean service time
 AUTO_OVERHEAD = 0.01
-#: the time scales it picks from: 1-2-5 steps from 0.0001 to 500
-AUTO_GRID = tuple(sorted({round(m * 10.0**e, 12) for e in range(-4, 3) for m in (1.0, 2.0, 5.0)}))
 CALIBRATION_ENV = "LBT_CALIBRATION"  # a calibration file to use instead of the machine's cached one
 CALIBRATION_VERSION = 1
 
@@ -207,12 +205,6 @@ def own_messages_per_task(exp: Experiment) -> float:
     return policy_of(exp).messages(exp).own
 
 
-def mean_service(exp: Experiment) -> float:
-    """Mean service time in model seconds: the mean work over the nodes' mean speed."""
-    speeds = exp.node_speeds
-    return exp.workload.service.mean / (sum(speeds) / len(speeds))
-
-
 def estimate(
     exp: Experiment,
     cal: Calibration,
@@ -273,8 +265,7 @@ def auto_time_scale(
 
 def resolve(exp: Experiment, time_scale: float) -> Experiment:
     """``exp`` with its time scale set (the cluster file carries it to the processes)."""
-    run = dataclasses.replace(exp.run, time_scale=time_scale, auto_time_scale=False)
-    return dataclasses.replace(exp, run=run)
+    return at_scale(exp, time_scale)
 
 
 def at_cluster_scale(exp: Experiment, cluster: Path) -> Experiment:
@@ -294,8 +285,6 @@ def prepare(
     cal = load_calibration(say)
     record: dict[str, Any] = {"calibration": cal.to_json()}
     if exp.run.auto_time_scale:
-        from lbtestbed.experiment.calibration import auto_scale  # a cluster of its own, for auto only
-
         first, _ = auto_time_scale(exp, cal, node_processes)
         scale, live, why = auto_scale(exp, first, node_processes, say)
         exp = resolve(exp, scale)

@@ -44,7 +44,7 @@ from lbtestbed.analysis.results.result import Result, summarize
 from lbtestbed.analysis.results.statistics import ratio_estimate
 from lbtestbed.analysis.simulator.twin import Emulation, simulate_twin
 from lbtestbed.cluster.launcher import Cluster
-from lbtestbed.dispatcher.host import DISPATCHER_STREAM
+from lbtestbed.dispatcher.core import DISPATCHER_STREAM
 from lbtestbed.experiment import machine
 from lbtestbed.experiment.fault_injector import FaultCollector, Injector, check
 from lbtestbed.loadgen.openloop import LoadReport, drive, poisson_tasks, write_trace

@@ -71,8 +71,8 @@ from lbtestbed.loadgen.plan import (
 from lbtestbed.loadgen.shares import failed_part, merged, part, share, worker_rows
 from lbtestbed.model.workload import PoissonWorkload
 from lbtestbed.spec import load_spec
-from lbtestbed.transport import wire
-from lbtestbed.transport.wire import PREFIX, sojourn_buckets
+from lbtestbed.transport.metrics import sojourn_buckets, standard_collectors
+from lbtestbed.transport.wire import PREFIX
 
 JSON_BODY = {"Content-Type": "application/json"}
 STATS_NAME = f"{PREFIX}/tasks"  # one row in locust's statistics, whatever the dispatcher
@@ -356,7 +356,7 @@ def _serve_metrics(port: int) -> None:
     from a thread (a greenlet under gevent's patching)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_CurrentRun())
-    wire.standard_collectors(registry)
+    standard_collectors(registry)
     server = MetricsServer(registry, port)
     log.info("lbt: generator metrics: %s", server.url)
 

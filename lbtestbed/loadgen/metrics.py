@@ -6,7 +6,7 @@ task that ended, as histograms, the tasks out, and how far the send loop is behi
 histograms bin only what arrived since the last scrape (the report's lists only grow), so a scrape costs
 nothing on the send path and little beside it. ``MetricsServer`` serves a registry over HTTP in a thread
 of its own (prometheus_client's ``start_http_server``), on loopback. The registry carries the client
-library's process, platform and GC collectors too (``transport.wire.standard_collectors``).
+library's process, platform and GC collectors too (``transport.metrics.standard_collectors``).
 
 Units: ``lbtestbed_loadgen_lateness_seconds`` and ``lbtestbed_loadgen_behind_seconds`` are *wall* seconds
 (the lateness is the generator's own, whatever the time scale); ``lbtestbed_loadgen_sojourn_model_seconds``
@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from lbtestbed.loadgen.openloop import LATE, OUTCOMES, LoadReport
-from lbtestbed.transport import wire
+from lbtestbed.transport.metrics import standard_collectors, time_scale_gauge
 
 #: wall seconds; 0.002 is LATE, so that ``_count - _bucket{le="0.002"}`` is the summary's late sends
 LATENESS_BUCKETS = (0.0005, 0.001, LATE, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -153,7 +153,7 @@ class LoadCollector:
         for outcome, binned in self.sojourn.items():
             hist.add_metric([outcome], binned.buckets(), binned.sum)
         yield hist
-        yield wire.time_scale_gauge(self.time_scale)
+        yield time_scale_gauge(self.time_scale)
 
     def wait_for_scrape(self, after: float, timeout: float) -> bool:
         """Until a scrape that began after the monotonic instant ``after`` is done (the run's last counts
@@ -186,7 +186,7 @@ def registry_for(collector: LoadCollector) -> CollectorRegistry:
     """A registry of its own with the run's collector and the standard ones."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
-    wire.standard_collectors(registry)
+    standard_collectors(registry)
     return registry
 
 

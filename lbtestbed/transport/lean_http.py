@@ -22,7 +22,7 @@ A request the parser cannot frame (a bad Content-Length, Transfer-Encoding with 
 non-ASCII byte in the target or a header) gets 400 and the connection closes; every such refusal is one log
 line, never a traceback, and never a 500. A handler that raises is a bug of ours: 500 and one log line
 naming where it raised. Routes of peers (``verifier``) check the request's signature before the handler and
-sign its answer (``transport.signing``, as ``wire.signed`` does for aiohttp handlers).
+sign its answer (``transport.signing``, as ``aiohttp_glue.signed`` does for aiohttp handlers).
 
 Typical use (a process's shell)::
 
@@ -59,7 +59,7 @@ import httptools
 import orjson
 from aiohttp import web
 
-from lbtestbed.transport import wire
+from lbtestbed.transport import aiohttp_glue, wire
 from lbtestbed.transport.http import IDLE_TIMEOUT
 from lbtestbed.transport.signing import AUTHORIZATION, SCHEME, SIGNATURE, Unauthorized, Verifier
 
@@ -112,7 +112,7 @@ def json_response(obj: Any, status: int = 200) -> Response:
 
 
 def error(status: int, message: str, field: str = "", **extra: Any) -> Response:
-    """The protocol's JSON error (``wire.error``'s very bytes, without aiohttp)."""
+    """The protocol's JSON error (``wire.error_reply``'s very bytes, without aiohttp)."""
     return Response(status, json.dumps(wire.error_body(message, field, **extra)).encode())
 
 
@@ -160,8 +160,8 @@ class Request:
         return None
 
     def json(self) -> Mapping[str, Any]:
-        """The body as a JSON object, or ``wire.BadRequest`` naming what is wrong (as ``wire.read_json``)."""
-        return wire.parse_json(self.body, self.charset)
+        """The body as a JSON object, or ``wire.BadRequest`` naming what is wrong (``read_json``'s rule)."""
+        return wire.decode_json(self.body, self.charset)
 
 
 Handler = Callable[[Request], "Awaitable[Response] | Response"]
@@ -227,7 +227,7 @@ class Routes:
 def mount(routes: Routes, app: web.Application) -> None:
     """Serve ``routes`` on the aiohttp ``app`` too, for connections handed over to it (a client that asked
     for an admin route first, then for a task on the same connection): the same handlers, with aiohttp's
-    body checks and ``wire.signed``, and each answer closes its connection, so that the client's next
+    body checks and ``aiohttp_glue.signed``, and each answer closes its connection, so that the client's next
     request opens a new one, which this server serves. Call it before the app's runner is set up."""
     for raw, methods in routes.exact.items():
         for method, route in methods.items():
@@ -238,12 +238,12 @@ def mount(routes: Routes, app: web.Application) -> None:
             app.router.add_route(method.decode(), path, _adapted(route))
 
 
-def _adapted(route: Route) -> wire.Handler:
+def _adapted(route: Route) -> aiohttp_glue.Handler:
     async def handle(request: web.Request) -> web.StreamResponse:
         try:
-            body = await wire.read_body(request)
+            body = await aiohttp_glue.read_body(request)
         except wire.BadRequest as e:
-            return wire.error(e.status, str(e))
+            return aiohttp_glue.error(e.status, str(e))
         headers: dict[bytes, bytes] = {}
         for name, value in request.raw_headers:
             headers.setdefault(name.lower(), value)
@@ -262,7 +262,7 @@ def _adapted(route: Route) -> wire.Handler:
         response.force_close()
         return response
 
-    return handle if route.verifier is None else wire.signed(route.verifier, handle)
+    return handle if route.verifier is None else aiohttp_glue.signed(route.verifier, handle)
 
 
 @dataclass
@@ -281,7 +281,7 @@ class Stats:
 
 def stats_metrics(role: str, stats: Stats) -> Iterator[Any]:
     """The lean server's counts as Prometheus families ``lbtestbed_<role>_http_*`` (a process's collector
-    yields them beside ``wire.listener_metrics``)."""
+    yields them beside ``metrics.listener_metrics``)."""
     from prometheus_client.core import CounterMetricFamily
 
     def counter(name: str, doc: str, value: int) -> Any:

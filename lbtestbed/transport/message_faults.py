@@ -3,16 +3,15 @@
 The spec's ``[[faults]]`` of kind drop, duplicate and delay act on one-way state messages at their sender,
 like the emulated network delay: a dropped message is sent and never arrives, a duplicated one arrives
 twice, a delayed one later by a draw of the fault's distribution. The run switches each fault on and off
-at its times (``POST /v1/faults``); every process draws from its own seeded stream.
+at its times (``POST /v1/faults``); every process draws from its own seeded stream. This is the bookkeeping
+only: it reads no clock and sends nothing (the hosts' cores ask it what to send, their shells send it).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
 
 import numpy as np
-from aiohttp import web
 
 from lbtestbed.model.distributions import BlockSampler
 from lbtestbed.model.experiment import MESSAGE_FAULTS, Experiment
@@ -64,31 +63,3 @@ class MessageFaults:
                 extra = self.delays[i]()
                 out = [d + extra for d in out]
         return tuple(out)
-
-    async def handle(self, request: web.Request) -> web.Response:
-        """``POST /v1/faults`` ``{"fault": i, "active": true}``: switch the spec's fault i on or off (a
-        signed request: the app wraps it with ``wire.signed``)."""
-        try:
-            body = await wire.read_json(request)
-            index = wire.integer(body, "fault")
-            active = body.get("active")
-            if not isinstance(active, bool):
-                raise wire.BadRequest("active must be true or false", "active")
-            self.set(index, active)
-        except wire.BadRequest as e:
-            return wire.error(e.status, str(e), e.field)
-        return web.json_response({"ok": True, "active": sorted(self.active)})
-
-    def metric(self, role: str) -> Any:
-        """``lbtestbed_<role>_message_faults_total{fault, kind}``: messages each fault kind hit."""
-        from prometheus_client.core import CounterMetricFamily
-
-        family = CounterMetricFamily(
-            f"lbtestbed_{role}_message_faults",
-            "State messages hit by an injected fault (drop, duplicate, delay), by message kind",
-            labels=["fault", "kind"],
-        )
-        kinds = {(f.kind, k) for f in self.faults if f.kind in MESSAGE_FAULTS for k in f.messages}
-        for fault, kind in sorted(kinds | set(self.hits)):
-            family.add_metric([fault, kind], self.hits[fault, kind])
-        return family

@@ -37,6 +37,15 @@ RESERVE = 512
 log = logging.getLogger("lbtestbed.process")
 
 
+def machine() -> str:
+    """This machine's boot id (Linux): processes that read the same one read one monotonic clock (also in
+    other network namespaces and containers); "" when unknown."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
 def raise_fd_limit() -> int:
     """Every task in flight holds a connection (synchronous completion): allow as many as the system does.
     Returns the limit."""
