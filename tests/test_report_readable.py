@@ -144,7 +144,7 @@ def test_every_row_has_a_unit_and_no_value_reads_plus_minus_zero(twin: bool) -> 
     by = {r[0]: r for r in rows[1:]}
     assert by["wait_probability"][1] == "probability"
     # every batch waited 0 on both sides: a zero-width interval, said so
-    assert by["wait_probability"][2] == "0 (all batches)"
+    assert by["wait_probability"][2] == "0 (every batch)"
     text = report.terminal(rep)
     assert "± 0 " not in text and not any(line.rstrip().endswith("± 0") for line in text.splitlines())
     assert "+-0 " not in text and "+-0]" not in text  # a stated error of 0 is no error

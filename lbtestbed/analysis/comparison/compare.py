@@ -81,6 +81,9 @@ class Verdict:
     own_p: float | None = None
     outlier_batch: int | None = None
     outlier_gap: float | None = None
+    # the window positions of the batches the comparison is over (paired: those both sides have; against
+    # a value without batches: the measured side's); None for a result without batch data
+    batches: list[int] | None = None
 
     @property
     def word(self) -> str:
@@ -280,6 +283,7 @@ def compare_paired_scalar(
         v.why = f"{p.pairs} paired batch: no interval"
         return v
     _fill_paired(v, p)
+    v.batches = list(p.common)
     v.distance = p.distance()
     v.own_p = p.p()
     v.agrees = v.own_p is None or v.own_p > 0.05
@@ -332,6 +336,7 @@ def compare_paired_tail(
     v.measured, v.measured_ci95 = pa.get("value"), pa.get("ci95")
     v.expected, v.expected_ci95 = pb.get("value"), pb.get("ci95")
     _fill_paired(v, worst)
+    v.batches = list(worst.common)
     v.distance = worst.distance()
     v.agrees = v.distance <= z
     v.worst_j = j
@@ -373,6 +378,7 @@ def compare(measured: Side, expected: Side, counts: bool = True, alike: bool = T
         and paired.pairs_of([measured.raw, expected.raw]) >= 2
     )
     limits = _limit_metrics(expected.result) if expected.name == "theory" else set()
+    unpaired_batches = measured.raw.positions() if measured.raw is not None else None
     for metric in SCALARS:
         counted = counts and metric not in limits
         if is_paired:
@@ -386,6 +392,7 @@ def compare(measured: Side, expected: Side, counts: bool = True, alike: bool = T
                 counted,
             )
             v.subject = subject
+            v.batches = unpaired_batches
         if metric in limits:
             v.why = "limit prediction (n -> infinity): for information"
             gap = expected.result.metrics[metric].get("gap")
@@ -405,6 +412,7 @@ def compare(measured: Side, expected: Side, counts: bool = True, alike: bool = T
             floor = theory_tail_floor(measured.result) if expected.name == "theory" else TAIL_FLOOR
             v = compare_tail(name, measured_tail, tails[name], expected.name, counts and not limit, floor)
             v.subject = subject
+            v.batches = unpaired_batches
         if limit:
             v.why += "; limit prediction: for information"
         out.append(v)

@@ -71,6 +71,7 @@ class Paired:
     outlier: int | None = None  # the window position of the batch furthest from the mean (3 pairs or more)
     outlier_gap: float = 0.0  # its own per-batch difference (or log ratio)
     outlier_p: float | None = None  # Grubbs' two-sided p-value for it (None: fewer than 3 pairs)
+    common: tuple[int, ...] = ()  # the window positions of the batches paired
 
     def mean_p(self) -> float | None:
         """The two-sided p-value of the mean's t test (None without an interval)."""
@@ -119,7 +120,7 @@ class Paired:
 
 def positions(raw: RawRun) -> list[int]:
     """The window positions of a run's batches (a cluster run may have left some out)."""
-    return list(raw.batch_of) if raw.batch_of else list(range(raw.batches))
+    return raw.positions()
 
 
 def batch_values(raw: RawRun, metric: str) -> dict[int, float]:
@@ -165,7 +166,15 @@ def pair(a: dict[int, float], b: dict[int, float], log_scale: bool, outliers: bo
     se = float(d.std(ddof=1)) / math.sqrt(n) if n >= 2 else None
     worst, gap, p = grubbs(d) if outliers else (None, 0.0, None)
     return Paired(
-        scale, float(d.mean()), se, max(n - 1, 0), n, None if worst is None else common[worst], gap, p
+        scale,
+        float(d.mean()),
+        se,
+        max(n - 1, 0),
+        n,
+        None if worst is None else common[worst],
+        gap,
+        p,
+        tuple(common),
     )
 
 

@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from lbtestbed.analysis.comparison import paired
-from lbtestbed.analysis.comparison.compare import SCALARS, Side, Verdict, compare, holm, run_agrees
+from lbtestbed.analysis.comparison.compare import (
+    SCALARS,
+    Side,
+    Verdict,
+    compare,
+    holm,
+    run_agrees,
+)
 from lbtestbed.analysis.comparison.representative import Representative, judge
 from lbtestbed.analysis.report import plots
 from lbtestbed.analysis.results.raw import RawRun
@@ -147,7 +154,7 @@ def _num(v: float | None, ci: float | None = None) -> str:
     text = f"{v:.5g}"
     if ci is None:
         return text
-    return f"{text} (all batches)" if ci == 0 else f"{text} ± {ci:.2g}"
+    return f"{text} (every batch)" if ci == 0 else f"{text} ± {ci:.2g}"
 
 
 def _gap(v: Verdict | None) -> str:
@@ -155,16 +162,16 @@ def _gap(v: Verdict | None) -> str:
     if v is None or v.agrees is None:
         return "-"
     if v.difference == 0 and not v.difference_ci95 and not v.relative_ci95:
-        return "0 (all batches)"
+        return "0 (every batch)"
     if v.relative is not None:
         if v.relative_ci95 == 0:
-            return f"{100 * v.relative:+.2g}% (all batches)"
+            return f"{100 * v.relative:+.2g}% (every batch)"
         ci = "" if v.relative_ci95 is None else f" ± {100 * v.relative_ci95:.2g}%"
         return f"{100 * v.relative:+.2g}%{ci}"
     if v.difference is None:
         return "-"
     if v.difference_ci95 == 0:
-        return f"{v.difference:+.3g} (all batches)"
+        return f"{v.difference:+.3g} (every batch)"
     ci = "" if v.difference_ci95 is None else f" ± {v.difference_ci95:.2g}"
     return f"{v.difference:+.3g}{ci}"
 
@@ -192,17 +199,72 @@ def _at(v: Verdict | None, j: int | None, cell: str) -> str:
     return f"see j={v.worst_j}"
 
 
+def _ranges(positions: Sequence[int]) -> str:
+    """Window positions as ranges: ``0-2, 5, 9-11``."""
+    out: list[str] = []
+    for p in sorted(positions):
+        if out and out[-1].rpartition("-")[2] == str(p - 1):
+            out[-1] = f"{out[-1].partition('-')[0]}-{p}"
+        else:
+            out.append(str(p))
+    return ", ".join(out)
+
+
+def batch_cell(verdicts: Sequence[Verdict | None], window: int) -> str:
+    """The batches a row's comparisons are over, ``7 of 20``; where they differ (they should not: every
+    source is cut to the cluster's batches), each set's size."""
+    sets = dict.fromkeys(
+        tuple(v.batches) for v in verdicts if v is not None and v.batches is not None and v.agrees is not None
+    )
+    return " / ".join(f"{len(b)} of {window}" for b in sets) or "-"
+
+
+def batch_note(rep: RunReport) -> str | None:
+    """Which batches the rows are over, and why the others are left out; None when every row is over the
+    whole window."""
+    info = rep.cluster.extras.get("batches")
+    if not info or len(info["kept"]) == info["window"]:
+        return None
+    kept, window = info["kept"], info["window"]
+    why = []
+    if info["faults"]:
+        why.append(f"{len(info['faults'])} touched by a fault or its settling ({_ranges(info['faults'])})")
+    if info["unanswered"]:
+        why.append(
+            f"{len(info['unanswered'])} with a scrape unanswered at an end ({_ranges(info['unanswered'])})"
+        )
+    return (
+        f"Every column of every row is over the same {len(kept)} of {window} batches ({_ranges(kept)}); "
+        f"{window - len(kept)} left out: {', '.join(why)}."
+    )
+
+
 def comparison_rows(rep: RunReport) -> list[list[str]]:
     """One row per metric. With a twin: cluster, twin, the paired gap and its verdict, the simulation and
     the network's cost (twin against simulation), theory. Without: cluster, simulation, verdict, theory.
     An occupancy tail is compared at every level and shown at the worst one, ``occupancy_tail[c] at j=J``,
     every source's value at that J: one row per distinct worst level of its comparisons, each verdict in
-    the row of its own."""
+    the row of its own. Where the run left batches out (faults), a ``batches`` column says how many of
+    the window's every row is over (``batch_note`` says which)."""
+    rows = _all_rows(rep)
+    if batch_note(rep) is None and not any("/" in r[2] for r in rows[1:]):
+        rows = [r[:2] + r[3:] for r in rows]  # the whole window everywhere: nothing to say per row
+    return rows
+
+
+def _window(rep: RunReport) -> int:
+    """The batches of the measured window."""
+    info = rep.cluster.extras.get("batches")
+    return int(info["window"]) if info else rep.exp.run.batches
+
+
+def _all_rows(rep: RunReport) -> list[list[str]]:
     twin = rep.twin is not None
     if twin:
-        head = ["metric", "unit", "cluster", "twin", "cluster-twin", "verdict", "simulation", "net cost"]
+        head = ["metric", "unit", "batches", "cluster", "twin", "cluster-twin", "verdict", "simulation"]
+        head.append("net cost")
     else:
-        head = ["metric", "unit", "cluster", "simulation", "cluster-sim", "verdict"]
+        head = ["metric", "unit", "batches", "cluster", "simulation", "cluster-sim", "verdict"]
     rows = [[*head, "theory", "sim vs theory" if twin else "verdict"]]
     metrics = [*SCALARS, *(f"occupancy_tail[{c.name}]" for c in rep.exp.classes)]
     for metric in metrics:
@@ -229,7 +291,8 @@ def comparison_rows(rep: RunReport) -> list[list[str]]:
             if cluster in ("-", "see plot") and not any(v.expected is not None for v in known):
                 continue
             label = metric if j is None else f"{metric} at j={j}"
-            cells = [label, TAIL_UNIT if tail else UNITS.get(metric, ""), cluster]
+            batches = batch_cell((main, cost, theory), _window(rep))
+            cells = [label, TAIL_UNIT if tail else UNITS.get(metric, ""), batches, cluster]
             if twin:
                 cells += [_value(rep.twin, metric, j), _at(main, j, _gap(main)), _at(main, j, _word(main))]
                 cells += [_value(rep.simulation, metric, j), cost_cell]
@@ -378,6 +441,7 @@ def terminal(rep: RunReport) -> str:
         "",
         table(comparison_rows(rep)),
         "",
+        *([note] if (note := batch_note(rep)) else []),
         COUNTING,
         headline(rep),
     ]
@@ -556,6 +620,7 @@ def markdown(rep: RunReport, images: Sequence[Path]) -> str:
         "",
         table(comparison_rows(rep), markdown=True),
         "",
+        *([note, ""] if (note := batch_note(rep)) else []),
         COUNTING,
         "",
         _explanation(rep),
