@@ -210,6 +210,37 @@ def test_the_exact_theory_decides_against_the_simulation(
         assert not verdict(doc, metric, "theory", "cluster")["counts"]
 
 
+SOJOURNS = ("mean_sojourn", "sojourn_p50", "sojourn_p99")
+
+
+@pytest.mark.parametrize("policy", list(CASES))
+def test_rows_that_cannot_disagree_are_shown_but_not_counted(
+    policy: str, runs: dict[str, tuple[int, dict[str, Any], Path]]
+) -> None:
+    """On pool nodes the twin's sojourns are the cluster's task by task (the task's own service plus its
+    measured legs): the sojourn rows of cluster against twin are shown, marked "by construction", and not
+    counted, so the headline counts only rows that could have failed. On fcfs nodes they decide. The
+    claim itself is checked from the batch values: on pools every batch's value is the same on both sides
+    up to rounding."""
+    _, doc, report = runs[policy]
+    pools = CASES[policy][0] is POOLS
+    values = {source: doc["results"][source]["batch_values"] for source in ("cluster", "twin")}
+    for metric in SOJOURNS:
+        v = verdict(doc, metric)
+        assert v["by_construction"] is pools and v["counts"] is not pools, v
+        if pools:
+            a, b = values["cluster"][metric], values["twin"][metric]
+            assert a.keys() == b.keys()
+            assert all(abs(a[k] - b[k]) <= 1e-9 * max(abs(a[k]), abs(b[k])) for k in a), metric
+    counted = [v for v in doc["comparison"] if v["counts"] and v["agrees"] is not None]
+    assert not any(v["by_construction"] for v in counted)
+    text = (report / "report.md").read_text()
+    assert f"{len(counted)} comparisons that decide" in text
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
+    for metric in SOJOURNS:
+        assert ("by construction" in rows[metric]) is pools, rows[metric]
+
+
 def test_two_dispatchers_ran_on_both_sides_of_the_comparison(
     runs: dict[str, tuple[int, dict[str, Any], Path]],
 ) -> None:

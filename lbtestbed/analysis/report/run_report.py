@@ -20,6 +20,7 @@ from lbtestbed.analysis.comparison.compare import (
     Side,
     Verdict,
     compare,
+    fixed_by_twin,
     holm,
     run_agrees,
 )
@@ -118,7 +119,8 @@ def build(
     verdicts: list[Verdict] = []
     alike = speed_varies(exp) is None  # batches alike in law: a batch that stands apart is looked for
     if twin is not None:
-        verdicts += compare(cluster, twin, counts=True, alike=alike)
+        fixed = fixed_by_twin(exp, cluster.raw, twin.raw)
+        verdicts += compare(cluster, twin, counts=True, alike=alike, fixed=fixed)
     if simulation is not None:
         verdicts += compare(cluster, simulation, counts=twin is None, alike=alike)
         if twin is not None:
@@ -179,6 +181,8 @@ def _gap(v: Verdict | None) -> str:
 def _word(v: Verdict | None) -> str:
     if v is None:
         return "-"
+    if v.by_construction and v.agrees is not None:
+        return f"({v.word}, by construction)"
     return v.word if v.counts or v.agrees is None else f"({v.word})"
 
 
@@ -423,7 +427,8 @@ def faithful_line(rep: RunReport) -> str:
 #: printed under the table: what a comparison is, and which rows do not count
 COUNTING = (
     "A comparison is one metric (an occupancy tail is one, over all its levels) between two sources; "
-    "verdicts in brackets are for information and do not count."
+    "verdicts in brackets are for information and do not count, nor do rows the twin cannot differ on "
+    '"by construction" (docs/run.md, "Which rows decide").'
 )
 
 
