@@ -99,4 +99,16 @@ def test_every_row_says_its_batch_set(run: Run) -> None:
     assert set(info["faults"]) == touched_by_faults()
     left_out = window - len(info["kept"])
     note = f"{left_out} left out: {len(info['faults'])} touched by a fault or its settling"
-    assert note in run.markdown and note in run.stdout
+    assert note in run.markdown and note in " ".join(run.stdout.split())  # wrapped on the terminal
+
+
+def test_the_terminal_output_fits_100_columns(run: Run) -> None:
+    """Not a terminal: the table fits 100 columns (it was 216 wide), the columns it left out are named
+    under it, and the verdicts that decide (cluster - twin, the simulation against the theory) stay."""
+    lines = run.stdout.splitlines()
+    assert max(map(len, lines)) <= 100, max(lines, key=len)
+    header = next(line for line in lines if line.startswith("metric"))
+    for column in ("cluster", "twin", "cluster-twin", "verdict"):
+        assert column in header.split("  ") or f" {column} " in f" {header} ", header
+    flat = " ".join(run.stdout.split())
+    assert "left out to fit 100 columns:" in flat and "--wide shows them" in flat

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from lbtestbed.analysis.results.text import Fit, terminal_width
 from lbtestbed.cli.output import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -61,8 +62,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result.to_json())
     else:
-        print(render(result))
+        print(render(result, _fit(args)))
     return EXIT_OK
+
+
+def _fit(args: argparse.Namespace) -> Fit:
+    """What a table must fit: the terminal (100 columns when stdout is not one), or ``--wide``."""
+    return Fit(terminal_width(), args.wide)
 
 
 def _records_file(args: argparse.Namespace) -> IO[str] | str | None:
@@ -87,8 +93,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.json:
         print_json(predicted.result.to_json())
         return EXIT_OK
-    print(render(predicted.result))
-    print(render_notes(predicted.result))
+    fit = _fit(args)
+    print(render(predicted.result, fit))
+    print(render_notes(predicted.result, fit))
     if predicted.transient is not None:
         print(render_transient(exp, predicted.result, predicted.transient))
     return EXIT_OK
@@ -281,7 +288,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         from lbtestbed.analysis.report.run_report import terminal  # loaded by the run already
 
-        print(terminal(done.report))
+        print(terminal(done.report, _fit(args)))
         beside = f"results.json and {len(done.files) - 2} plots beside it"
         print(f"report: {done.directory / 'report.md'} ({beside})")
     return EXIT_OK if done.report.passed else EXIT_FAILED
@@ -290,7 +297,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     exp = load_spec(args.spec)  # the file itself first; every point is checked before the first runs
     # here: the runner, the simulator and the plots load only for a spec that loads
-    from lbtestbed.analysis.report.run_report import table
+    from lbtestbed.analysis.results.text import table
     from lbtestbed.experiment.sweep import SweepOptions, rows, run_sweep
 
     options = SweepOptions(
@@ -305,7 +312,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"spec": args.spec, "points": [p.to_json() for p in done.points]})
     else:
-        print(table(rows(done.points)))
+        grid = rows(done.points)
+        print(table(grid, _fit(args), wrap=grid[0]))
         beside = ", ".join(f.name for f in done.files if f.name != "sweep.md")
         print(f"sweep: {done.directory / 'sweep.md'} ({beside} beside it)")
     return EXIT_OK if all(p.agrees is not False for p in done.points) else EXIT_FAILED

@@ -89,6 +89,7 @@ def _simulate(sub: Commands) -> None:
     )
     sim.add_argument("spec", help="experiment spec (TOML), see docs/spec.md")
     sim.add_argument("--json", action="store_true", help="print the result object as JSON")
+    _add_wide(sim)
     sim.add_argument(
         "--replications",
         type=at_least(1),
@@ -126,6 +127,7 @@ def _predict(sub: Commands) -> None:
     )
     pre.add_argument("spec", help="experiment spec (TOML), see docs/spec.md")
     pre.add_argument("--json", action="store_true", help="print the result object (source: theory) as JSON")
+    _add_wide(pre)
     pre.add_argument(
         "--transient",
         action="store_true",
@@ -385,6 +387,7 @@ def _run(sub: Commands) -> None:
     _add_force(run)
     _add_overrides(run)
     run.add_argument("--json", action="store_true", help="print results.json's object instead of the table")
+    _add_wide(run)
     run.add_argument("--quiet", action="store_true", help="no progress on stderr")
     run.set_defaults(func=commands.cmd_run)
 
@@ -418,8 +421,18 @@ def _sweep(sub: Commands) -> None:
     _add_processes(swp)
     _add_force(swp)
     swp.add_argument("--json", action="store_true", help="print sweep.json's object instead of the table")
+    _add_wide(swp)
     swp.add_argument("--quiet", action="store_true", help="no progress on stderr")
     swp.set_defaults(func=commands.cmd_sweep)
+
+
+def _add_wide(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--wide",
+        action="store_true",
+        help="every column of the table at its full width; by default a table fits the terminal (100 "
+        "columns when the output is not a terminal), leaving out the columns it names under it",
+    )
 
 
 def _add_cluster_file(parser: argparse.ArgumentParser) -> None:

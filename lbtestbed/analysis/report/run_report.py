@@ -29,6 +29,7 @@ from lbtestbed.analysis.report import plots
 from lbtestbed.analysis.results.raw import RawRun
 from lbtestbed.analysis.results.regime import describe
 from lbtestbed.analysis.results.result import Result
+from lbtestbed.analysis.results.text import Fit, paragraph, table
 from lbtestbed.model.conditions import speed_varies
 from lbtestbed.model.experiment import Experiment
 from lbtestbed.policies import CATALOG, policy_of
@@ -373,15 +374,11 @@ def cost_sentence(rep: RunReport) -> str | None:
     )
 
 
-def table(rows: list[list[str]], markdown: bool = False) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    if markdown:
-        lines = ["| " + " | ".join(rows[0]) + " |", "|" + "|".join("---" for _ in rows[0]) + "|"]
-        lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
-        return "\n".join(lines)
-    lines = ["  ".join(c.ljust(w) for c, w in zip(rows[0], widths, strict=True)).rstrip()]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows[1:]]
+def markdown_table(rows: list[list[str]]) -> str:
+    """``rows`` (the header first) as a Markdown table, for report.md and sweep.md (a terminal's tables
+    go through ``results.text.table``, which fits them to its width)."""
+    lines = ["| " + " | ".join(rows[0]) + " |", "|" + "|".join("---" for _ in rows[0]) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
     return "\n".join(lines)
 
 
@@ -438,17 +435,28 @@ def _dispatchers(e: Experiment) -> str:
     return "dispatchers=1" if k == 1 else f"dispatchers={k} (split {e.policy.split})"
 
 
-def terminal(rep: RunReport) -> str:
+#: the terminal table's columns left out first when it is wider than the terminal (for information, or
+#: said again under the table), and the ones whose cells may wrap
+OPTIONAL_COLUMNS = ("unit", "theory", "simulation", "net cost", "batches")
+WRAPPING_COLUMNS = ("metric", "verdict", "sim vs theory")
+
+
+def terminal(rep: RunReport, fit: Fit = Fit()) -> str:  # noqa: B008 (frozen)
+    """The comparison on a terminal of ``fit.width`` characters (every column with ``fit.wide``), the
+    lines under it wrapped to that width."""
     e = rep.exp
-    lines = [
+    head = (
         f"{e.name}  policy={e.policy.name}  n={e.n}  {_dispatchers(e)}  load={e.workload.load:.4g}  "
-        f"time_scale={e.run.time_scale:g}",
+        f"time_scale={e.run.time_scale:g}"
+    )
+    lines = [
+        paragraph(head, fit),
         "",
-        table(comparison_rows(rep)),
+        table(comparison_rows(rep), fit, wrap=WRAPPING_COLUMNS, drop=OPTIONAL_COLUMNS),
         "",
-        *([note] if (note := batch_note(rep)) else []),
-        COUNTING,
-        headline(rep),
+        *([paragraph(note, fit)] if (note := batch_note(rep)) else []),
+        paragraph(COUNTING, fit),
+        paragraph(headline(rep), fit),
     ]
     return "\n".join(lines)
 
@@ -465,7 +473,7 @@ def _messages_table(rep: RunReport) -> str:
             m = r.metrics["messages_per_task"]
             cells.append(_num(m["by_kind"].get(k), (m.get("by_kind_ci95") or {}).get(k)))
         rows.append(cells)
-    return table(rows, markdown=True)
+    return markdown_table(rows)
 
 
 def _faults_section(rep: RunReport) -> list[str]:
@@ -514,7 +522,7 @@ def _faults_section(rep: RunReport) -> list[str]:
     return [
         "## Faults",
         "",
-        table(rows, markdown=True),
+        markdown_table(rows),
         "",
         f"Times in model seconds from the start of the load; in brackets the delay after the fault began "
         f"or ended (heartbeat every {e.health.heartbeat:g} s wall, timeout {e.health.timeout:g} s wall "
@@ -584,7 +592,7 @@ def _time_section(rep: RunReport) -> list[str]:
     return [
         "## Where the time goes",
         "",
-        table(rows, markdown=True),
+        markdown_table(rows),
         "",
         "Every leg is a difference of two readings of the machine's monotonic clock, which all the "
         'cluster\'s processes share (docs/run.md, "Where the time goes"); `tasks.csv` has them per task.',
@@ -606,7 +614,7 @@ def _cpu_section(rep: RunReport) -> list[str]:
     return [
         "## What a task costs in CPU",
         "",
-        table(rows, markdown=True),
+        markdown_table(rows),
         "",
         f"Over the {cpu['tasks']:.0f} tasks the dispatchers accepted in the window: each process's "
         "`process_cpu_seconds_total` at the window's ends (the generator: this run's own process, its "
@@ -623,7 +631,7 @@ def markdown(rep: RunReport, images: Sequence[Path]) -> str:
         "",
         f"**{headline(rep)}**",
         "",
-        table(comparison_rows(rep), markdown=True),
+        markdown_table(comparison_rows(rep)),
         "",
         *([note, ""] if (note := batch_note(rep)) else []),
         COUNTING,
