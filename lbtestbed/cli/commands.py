@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from lbtestbed.analysis.results.provenance import stamped
 from lbtestbed.analysis.results.text import Fit, terminal_width
 from lbtestbed.cli.output import (
     EXIT_FAILED,
@@ -60,7 +61,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         if records is not None:
             records.close()
     if args.json:
-        print_json(result.to_json())
+        print_json(stamped(result.to_json()))
     else:
         print(render(result, _fit(args)))
     return EXIT_OK
@@ -91,7 +92,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
     predicted = predict(exp, transient=args.transient)
     if args.json:
-        print_json(predicted.result.to_json())
+        print_json(stamped(predicted.result.to_json()))
         return EXIT_OK
     fit = _fit(args)
     print(render(predicted.result, fit))

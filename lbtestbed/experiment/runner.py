@@ -575,7 +575,8 @@ def run_experiment(
     m = run_cluster(exp, directory, say, **cluster_options)
     cluster, raw = cluster_result(exp, m)
     ages = [{k: [a for _, a in v] for k, v in t.items()} for t in (m.message_ages, m.rider_ages)]
-    cluster.extras["overhead"] = overhead_of(m.load.records, exp.run.time_scale, *ages)
+    kinds = exp.policy.message_kinds()
+    cluster.extras["overhead"] = overhead_of(m.load.records, exp.run.time_scale, ages[0], ages[1], kinds)
     write_records(directory / "tasks.csv", m.load.records)
     raws = {"cluster": raw}
     # one batch set for every column: the simulation and the twin are cut to the batches the cluster
@@ -592,7 +593,11 @@ def run_experiment(
         twin_raw, replayed = simulate_twin(exp, emulation_of(exp, m))
         twin_raw = twin_raw.only(kept)
         twin = summarize(exp, [twin_raw], source="twin")
-        twin.extras["message_ages_replayed"] = {k: {"own": a, "drawn": b} for k, (a, b) in replayed.items()}
+        # every kind of the policy (0 and 0 where none was sent): the same keys in every run of the spec
+        twin.extras["message_ages_replayed"] = {
+            k: dict(zip(("own", "drawn"), replayed.get(k, [0, 0]), strict=True))
+            for k in sorted({*kinds, *replayed})
+        }
         raws["twin"] = twin_raw
     theory = predict(exp)
     warnings += [f"theory: {w}" for w in theory.extras.get("warnings", [])]

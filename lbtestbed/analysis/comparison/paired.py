@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -135,15 +136,17 @@ def batch_values(raw: RawRun, metric: str) -> dict[int, float]:
     return {p: float(n / d) for p, n, d in zip(pos, num, den, strict=True) if d > 0}
 
 
-def batch_table(raw: RawRun) -> dict[str, dict[str, float]]:
-    """Every scalar metric's estimate batch by batch, by window position (``results.json``'s
-    ``batch_values``: what a paired comparison compares, for anyone to recompute it)."""
-    out = {}
+def batch_table(raw: RawRun) -> dict[str, Any]:
+    """Every scalar metric's estimate batch by batch (``results.json``'s ``batch_values``: what a paired
+    comparison compares, for anyone to recompute it): ``batches``, the window positions of the run's
+    batches, and ``values``, per metric one value per batch in that order (null in a batch without one,
+    and for a metric the run does not have), so that every run of a spec has the same keys."""
+    held = positions(raw)
+    values: dict[str, list[float | None]] = {}
     for metric in (*RATIO_METRICS, *QUANTILE_METRICS):
-        values = batch_values(raw, metric)
-        if values:
-            out[metric] = {str(p): v for p, v in sorted(values.items())}
-    return out
+        by_batch = batch_values(raw, metric)
+        values[metric] = [by_batch.get(p) for p in held]
+    return {"batches": held, "values": values}
 
 
 def pair(a: dict[int, float], b: dict[int, float], log_scale: bool, outliers: bool = True) -> Paired | None:

@@ -26,6 +26,7 @@ from lbtestbed.analysis.comparison.compare import (
 )
 from lbtestbed.analysis.comparison.representative import Representative, judge
 from lbtestbed.analysis.report import plots
+from lbtestbed.analysis.results.provenance import stamped
 from lbtestbed.analysis.results.raw import RawRun
 from lbtestbed.analysis.results.regime import describe
 from lbtestbed.analysis.results.result import Result
@@ -86,18 +87,22 @@ class RunReport:
         )
 
     def to_json(self) -> dict[str, Any]:
+        """``results.json``'s object (docs/results.schema.json), opening with its schema's version and
+        the lbtestbed that wrote it (``provenance``)."""
         sources = (self.cluster, self.twin, self.simulation, self.theory)
-        return {
-            "name": self.exp.name,
-            "policy": self.exp.policy.name,
-            "agrees": self.agrees,
-            "passed": self.passed,
-            "representative": None if self.representative is None else self.representative.to_json(),
-            "results": {r.source: r.to_json() for r in sources if r is not None},
-            "comparison": [v.to_json() for v in self.verdicts],
-            "warnings": self.warnings,
-            **self.context,
-        }
+        return stamped(
+            {
+                "name": self.exp.name,
+                "policy": self.exp.policy.name,
+                "agrees": self.agrees,
+                "passed": self.passed,
+                "representative": None if self.representative is None else self.representative.to_json(),
+                "results": {r.source: r.to_json() for r in sources if r is not None},
+                "comparison": [v.to_json() for v in self.verdicts],
+                "warnings": self.warnings,
+                **self.context,
+            }
+        )
 
 
 def build(

@@ -56,10 +56,9 @@ def render(result: Result, fit: Fit = Fit()) -> str:  # noqa: B008 (frozen)
     for learned in CATALOG.learned():
         fr = m.get(learned.name, {}).get("time_fraction")
         if fr:
-            top = sorted(fr.items(), key=lambda kv: -kv[1])[:4]
-            rows.append(
-                [f"  time at {learned.name}", ", ".join(f"{k}: {v:.3f}" for k, v in top), "share of time"]
-            )
+            top = sorted(fr, key=lambda e: -e["fraction"])[:4]
+            shares = ", ".join(f"{e['value']:g}: {e['fraction']:.3f}" for e in top)
+            rows.append([f"  time at {learned.name}", shares, "share of time"])
     lines = [
         paragraph(
             f"{result.name}  policy={result.policy}  source={result.source}  n={result.context.get('n')}  "
