@@ -102,6 +102,13 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_spec_schema(args: argparse.Namespace) -> int:
+    from lbtestbed.spec import spec_schema
+
+    print_json(spec_schema())
+    return EXIT_OK
+
+
 def cmd_cluster_up(args: argparse.Namespace) -> int:
     if args.spec is None:
         return error("lbt cluster up needs a SPEC")

@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_simulate, _predict, _cluster, _load, _run, _sweep):
+    for add in (_simulate, _predict, _cluster, _load, _run, _sweep, _spec):
         add(sub)
     return parser
 
@@ -424,6 +424,26 @@ def _sweep(sub: Commands) -> None:
     _add_wide(swp)
     swp.add_argument("--quiet", action="store_true", help="no progress on stderr")
     swp.set_defaults(func=commands.cmd_sweep)
+
+
+def _spec(sub: Commands) -> None:
+    """``lbt spec schema``."""
+    spec = sub.add_parser(
+        "spec",
+        help="what a spec may hold: its JSON Schema",
+        description="lbt spec schema prints the JSON Schema of an experiment spec, made of the spec "
+        "reader's own table of keys and every policy's parameters, for editors that validate a TOML file "
+        "as they type (docs/spec.md, 'The spec's JSON Schema').",
+    )
+    actions = spec.add_subparsers(dest="action", required=True)
+    schema = actions.add_parser(
+        "schema",
+        help="print the JSON Schema of a spec",
+        description="Print the JSON Schema (draft-07) of an experiment spec as TOML decodes it. "
+        "docs/spec.schema.json holds the same; what depends on several values at once (stability, "
+        "probes against nodes, a fault within the run) only the reader checks.",
+    )
+    schema.set_defaults(func=commands.cmd_spec_schema)
 
 
 def _add_wide(parser: argparse.ArgumentParser) -> None:
