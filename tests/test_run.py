@@ -228,17 +228,30 @@ def test_rows_that_cannot_disagree_are_shown_but_not_counted(
     """On pool nodes the twin's sojourns are the cluster's task by task (the task's own service plus its
     measured legs): the sojourn rows of cluster against twin are shown, marked "by construction", and not
     counted, so the headline counts only rows that could have failed. On fcfs nodes they decide. The
-    claim itself is checked from the batch values: on pools every batch's value is the same on both sides
-    up to rounding."""
+    claim itself is checked from tasks.csv: on pools each batch's mean sojourn of the twin is the
+    cluster's up to the legs the twin takes as 0 where a clock reading made them negative (a reply read
+    a hair before the model's completion instant), the only place the twin departs from the legs."""
+    import csv
+
     _, doc, report = runs[policy]
     pools = CASES[policy][0] is POOLS
     for metric in SOJOURNS:
         v = verdict(doc, metric)
         assert v["by_construction"] is pools and v["counts"] is not pools, v
-        if pools:
-            a, b = (batch_values(doc, source, metric) for source in ("cluster", "twin"))
-            assert a.keys() == b.keys()
-            assert all(abs(a[k] - b[k]) <= 1e-9 * max(abs(a[k]), abs(b[k])) for k in a), metric
+    if pools:
+        settings = doc["results"]["cluster"]["settings"]
+        width = settings["duration"] / settings["batches"]
+        slack: dict[int, list[float]] = {}
+        with open(report / "tasks.csv", newline="") as f:
+            for r in csv.DictReader(f):
+                b = math.floor((float(r["t"]) - settings["warmup"]) / width)
+                legs = [float(r[k]) for k in ("arrive", "decide", "forward", "reply")]
+                slack.setdefault(b, []).append(sum(-x for x in legs if x < 0))
+        a, b = (batch_values(doc, source, "mean_sojourn") for source in ("cluster", "twin"))
+        assert a.keys() == b.keys()
+        for k in a:
+            allowed = sum(slack[k]) / len(slack[k])
+            assert abs(a[k] - b[k]) <= allowed + 1e-9 * a[k], (k, a[k], b[k], allowed)
     counted = [v for v in doc["comparison"] if v["counts"] and v["agrees"] is not None]
     assert not any(v["by_construction"] for v in counted)
     text = (report / "report.md").read_text()

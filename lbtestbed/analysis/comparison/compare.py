@@ -378,11 +378,12 @@ def fixed_by_twin(exp: Experiment, cluster: RawRun | None, twin: RawRun | None) 
     On pool nodes (infinite servers) a task is served the moment it arrives, for its own work over its
     node's speed, whatever else the node holds. The twin places every completed task at its node when the
     cluster did (its measured legs) and hands its answer to the client after the cluster's measured
-    delay, so its sojourn is the cluster's, task by task (``analysis/simulator/twin.py``): the sojourn's
-    mean and quantiles are equal up to rounding. That holds when every class is a pool and the two runs
-    hold the same tasks in every batch (a task the cluster did not complete is one the twin serves with
-    median delays: then they may differ). Under FCFS and PS a task's sojourn depends on the others at its
-    node, so the twin can differ there and those rows decide."""
+    delay, so its sojourn is the cluster's, task by task (``analysis/simulator/twin.py``; up to a leg the
+    twin takes as 0 where two clock readings made it a hair negative): the sojourn's mean and quantiles
+    are the cluster's own measurements replayed, not a test of the emulation. That holds when every class
+    is a pool and the two runs hold the same tasks in every batch (a task the cluster did not complete is
+    one the twin serves with median delays: then they may differ). Under FCFS and PS a task's sojourn
+    depends on the others at its node, so the twin can differ there and those rows decide."""
     if not exp.classes or any(c.discipline != "pool" for c in exp.classes):
         return {}
     if cluster is None or twin is None:
