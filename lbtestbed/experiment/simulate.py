@@ -6,6 +6,7 @@ from __future__ import annotations
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import IO
 
+from lbtestbed.analysis.comparison.paired import batch_table
 from lbtestbed.analysis.results.raw import RawRun
 from lbtestbed.analysis.results.result import Result, summarize
 from lbtestbed.analysis.simulator import simulate_once
@@ -23,13 +24,16 @@ def simulate(
     quiet: bool = False,
 ) -> Result:
     """The simulation's result: one run when ``replications`` is 1 (its per-task ``records`` written
-    when given), else that many replications in at most ``jobs`` processes; progress on stderr unless
-    ``quiet``."""
+    when given, and each metric's batch values in ``batch_values``), else that many replications in at
+    most ``jobs`` processes; progress on stderr unless ``quiet``."""
     if replications == 1:
         raws = [_one_run(exp, records, quiet)]
     else:
         raws = _replications(exp, replications, jobs, quiet)
-    return summarize(exp, raws)
+    result = summarize(exp, raws)
+    if replications == 1:  # each metric batch by batch, as results.json has them (batch means)
+        result.extras["batch_values"] = batch_table(raws[0])
+    return result
 
 
 def _one_run(exp: Experiment, records: IO[str] | None, quiet: bool) -> RawRun:
