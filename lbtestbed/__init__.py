@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         simulate,
         spec_schema,
         sweep,
+        table,
         task_frame,
     )
 
@@ -45,6 +46,7 @@ __all__ = [
     "simulate",
     "spec_schema",
     "sweep",
+    "table",
     "task_frame",
 ]
 

@@ -5,7 +5,8 @@
 
     exp = lbt.load("examples/jiq.toml", {"run.duration": 200})   # the spec, with overrides
     theory = lbt.predict(exp)       # lbt predict: a Result (source "theory")
-    sim = lbt.simulate(exp)         # lbt simulate: a Result (source "simulation"); print(sim): its table
+    sim = lbt.simulate(exp)         # lbt simulate: a Result (source "simulation")
+    print(lbt.table(sim))           # the table lbt simulate prints
     lbt.batch_frame(sim)            # pandas: each metric batch by batch
     report = lbt.run(exp)           # lbt run: a RunReport (cluster, twin, simulation, theory, verdicts)
     points = lbt.sweep(exp, {"workload.load": [0.5, 0.7]}, simulate_only=True)   # lbt sweep
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from lbtestbed.analysis.report.run_report import RunReport
 from lbtestbed.analysis.results.result import Result
+from lbtestbed.analysis.results.text import DEFAULT_WIDTH, Fit
 from lbtestbed.experiment.sweep import Point
 from lbtestbed.model.experiment import Experiment
 from lbtestbed.spec import apply_overrides, load_spec, parse_spec, spec_schema
@@ -48,6 +50,7 @@ __all__ = [
     "simulate",
     "spec_schema",
     "sweep",
+    "table",
     "task_frame",
 ]
 
@@ -133,8 +136,8 @@ def run(
 ) -> RunReport:
     """``lbt run``: a local cluster runs ``exp`` and is compared with its twin, the simulation and the
     theory; the report directory (``out``, default ``reports/<name>-<time>``) holds report.md,
-    results.json, tasks.csv and the plots. ``report.passed`` is the command's exit code 0; ``print``
-    shows its table. ``BadInput`` before anything starts when the machine cannot carry the spec (``force``
+    results.json, tasks.csv and the plots. ``report.passed`` is the command's exit code 0; ``table``
+    gives its table. ``BadInput`` before anything starts when the machine cannot carry the spec (``force``
     runs it anyway), ``Failed`` when a process fails."""
     from lbtestbed.experiment.run import RunOptions
     from lbtestbed.experiment.run import run as ran
@@ -173,6 +176,20 @@ def sweep(
         quiet=not progress,
     )
     return run_sweep(exp, overrides, options, _say(progress)).points
+
+
+def table(x: Result | RunReport, *, width: int = DEFAULT_WIDTH, wide: bool = False) -> str:
+    """The table the command prints of ``x``: ``lbt predict``'s or ``lbt simulate``'s of a Result (with
+    the theory's notes), ``lbt run``'s of a RunReport, ``width`` characters wide (``wide``: every column
+    at its full width)."""
+    from lbtestbed.analysis.report.run_report import terminal
+    from lbtestbed.analysis.results.tables import render, render_notes
+
+    fit = Fit(width, wide)
+    if isinstance(x, RunReport):
+        return terminal(x, fit)
+    text = render(x, fit)
+    return f"{text}\n{render_notes(x, fit)}" if x.source == "theory" else text
 
 
 def _say(progress: bool) -> Any:

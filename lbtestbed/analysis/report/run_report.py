@@ -76,10 +76,6 @@ class RunReport:
         simulation, or ``run.tolerance = "off"``): the run's exit code is 0 only then."""
         return self.agrees and (self.representative is None or self.representative.holds is not False)
 
-    def __str__(self) -> str:
-        """The table ``lbt run`` prints, at the default width."""
-        return terminal(self)
-
     def verdict(self, metric: str, reference: str = "simulation", subject: str = "cluster") -> Verdict | None:
         return next(
             (

@@ -74,12 +74,6 @@ class Result:
             **self.extras,
         }
 
-    def __str__(self) -> str:
-        """The table ``lbt simulate`` (``lbt predict``) prints, at the default width."""
-        from lbtestbed.analysis.results.tables import render
-
-        return render(self)
-
     def value(self, metric: str) -> float | None:
         v = self.metrics[metric].get("value")
         return None if v is None else float(v)
