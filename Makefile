@@ -38,6 +38,8 @@ demo: $(STAMP) prometheus
 	@echo
 	@echo "reports: $(DEMO)/slta/report.md and $(DEMO)/jlmu/report.md (results.json and plots beside them)"
 
+# The simulator against SimPy (benchmarks/README.md). A measurement: it exits 1 only when the comparison is
+# void (the models disagree); below the 3x target it says so and exits 0 (add --require-target for a gate).
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_simulator.py
 
