@@ -16,6 +16,7 @@ from typing import Any
 
 from lbtestbed.model import reading
 from lbtestbed.model.experiment import Experiment
+from lbtestbed.model.schema import document_schema
 from lbtestbed.policies.catalog import CATALOG
 
 
@@ -36,3 +37,9 @@ def load_spec(path: str | Path, overrides: Iterable[str] = ()) -> Experiment:
     overrides = tuple(overrides)
     data = apply_overrides(reading.read_document(path), overrides, source)
     return dataclasses.replace(parse_spec(data, source), overrides=overrides)
+
+
+def spec_schema() -> dict[str, Any]:
+    """The JSON Schema of a spec document (``lbt spec schema``; ``model.schema``): the reader's own keys
+    and every policy's parameters."""
+    return document_schema(CATALOG)

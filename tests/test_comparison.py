@@ -309,3 +309,29 @@ def test_a_twin_that_parts_from_the_cluster_in_one_batch_by_a_few_percent_agrees
         assert found is not None and float(found.group(1)) < 1e-6, v.why
         words.append(v.word)
     assert words == ["agrees", "disagrees (batch 9 apart)"]
+
+
+def test_only_sojourns_on_pools_with_the_same_tasks_are_fixed_by_the_twin() -> None:
+    """``fixed_by_twin``: on pool nodes the twin's sojourns are the cluster's (docs/run.md, "Which rows
+    decide"), but only where both runs hold the same tasks in every batch; under fcfs or ps, or in a mix
+    with pools, nothing is fixed."""
+    from pathlib import Path
+
+    from lbtestbed.analysis.comparison.compare import SOJOURNS, fixed_by_twin
+    from lbtestbed.spec import load_spec
+
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    pools = load_spec(str(examples / "jlmu_fast.toml"))
+    fcfs = load_spec(str(examples / "jiq.toml"))
+    mixed = load_spec(
+        str(examples / "jiq.toml"),
+        ['classes=[{name="a", count=5, discipline="pool"}, {name="b", count=5, discipline="ps"}]'],
+    )
+
+    def raw(tasks: list[int]) -> RawRun:
+        return RawRun(batches=len(tasks), sojourns=[[1.0] * k for k in tasks])
+
+    assert set(fixed_by_twin(pools, raw([3, 4, 5]), raw([3, 4, 5]))) == set(SOJOURNS)
+    assert fixed_by_twin(pools, raw([3, 4, 5]), raw([3, 5, 5])) == {}  # a task the cluster lost
+    assert fixed_by_twin(fcfs, raw([3, 4, 5]), raw([3, 4, 5])) == {}
+    assert fixed_by_twin(mixed, raw([3, 4, 5]), raw([3, 4, 5])) == {}

@@ -318,7 +318,7 @@ def test_what_is_not_a_scheduler_is_refused(dask_cluster: str) -> None:
 
 def test_workers_of_another_version_are_refused(dask_cluster: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A client of another lbtestbed version than its workers' is refused, naming a worker and both."""
-    monkeypatch.setattr(executor, "__version__", "0.0.0+other")
+    monkeypatch.setattr(executor, "version", lambda: "0.0.0+other")
     words = r"worker tcp://127\.0\.0\.1:\d+ runs lbtestbed .*, this machine 0\.0\.0\+other"
     with pytest.raises(BadInput, match=words), open_executor(dask_cluster):
         pass

@@ -51,15 +51,18 @@ import aiohttp
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
-from test_cluster import gone, lbt, wait_until, write_spec
+from test_cluster import gone, lbt, processes_mentioning, wait_until, write_spec
 
 from lbtestbed.cluster.launcher import Cluster, healthy, spawn
+from lbtestbed.cluster.processes import Started, free_ports
 from lbtestbed.cluster.prometheus import (
     PrometheusError,
     PrometheusServer,
     api_get,
     instant_query,
     range_samples,
+    ready,
+    serves,
     start_prometheus,
     wait_for_series,
 )
@@ -1252,6 +1255,65 @@ def test_cli_without_the_prometheus_binary_says_how_to_install_it(tmp_path: Path
     err = result.stderr.strip().splitlines()
     assert len(err) == 1 and "prometheus" in err[0] and "make prometheus" in err[0], result.stderr
     assert not cfile.exists()
+
+
+def another_prometheus(directory: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """A Prometheus that is not the cluster's (another cluster's, say) ready on a free loopback port."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "prometheus.yml").write_text(json.dumps({"global": {"scrape_interval": "10s"}}))
+    port = free_ports(1)[0]
+    command = [
+        "prometheus",
+        f"--config.file={directory / 'prometheus.yml'}",
+        f"--storage.tsdb.path={directory / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+    ]
+    log = open(directory / "log", "wb")  # noqa: SIM115 (closed with the process)
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    log.close()
+    wait_until(lambda: ready(f"http://127.0.0.1:{port}"), 30, "the other Prometheus to be ready")
+    return proc, port
+
+
+def test_cli_up_refuses_a_port_held_by_another_prometheus(tmp_path: Path) -> None:
+    """The port the cluster is told to use answers /-/ready, but from another server: the cluster's own
+    Prometheus cannot bind it, so the cluster is stopped, with one line and exit 1 (before, readiness was
+    polled on the other server and `up` said the cluster's Prometheus ran there)."""
+    other, port = another_prometheus(tmp_path / "other")
+    cfile = tmp_path / "run" / "cluster.json"
+    try:
+        spec = write_spec(tmp_path, JIQ_SPEC)
+        args = ["--file", str(cfile), "--with-prometheus", "--prometheus-port", str(port)]
+        result = lbt("cluster", "up", str(spec), *args, timeout=120)
+        assert result.returncode == 1, result.stdout + result.stderr
+        err = result.stderr.strip().splitlines()
+        assert len(err) == 1 and f"127.0.0.1:{port}" in err[0] and "another process" in err[0], err
+        assert not cfile.exists(), "the cluster is stopped: no file left behind"
+        assert processes_mentioning(str(cfile)) == [], "no process of the cluster is left"
+        assert other.poll() is None, "the other server is left alone"
+    finally:
+        if cfile.exists():  # a cluster that came up anyway: leave nothing running
+            lbt("cluster", "down", "--file", str(cfile))
+        other.terminate()
+        other.wait(10)
+
+
+def test_serves_tells_our_server_from_another_on_its_port(tmp_path: Path) -> None:
+    """``serves`` accepts a server only when the process we started answers: another server on the URL
+    is refused for our live process, and our server for a record of another process."""
+    other, port = another_prometheus(tmp_path / "other")
+    try:
+        url = f"http://127.0.0.1:{port}"
+        assert serves(url, Started.of(other.pid, other.args)), "the other server is its own"
+        mine, _ = another_prometheus(tmp_path / "mine")  # a live Prometheus of ours, on another port
+        try:
+            assert not serves(url, Started.of(mine.pid, mine.args)), "ours is alive, but another answers"
+        finally:
+            mine.terminate()
+            mine.wait(10)
+    finally:
+        other.terminate()
+        other.wait(10)
 
 
 # ============================================================================== 7. query errors

@@ -144,7 +144,7 @@ def test_every_row_has_a_unit_and_no_value_reads_plus_minus_zero(twin: bool) -> 
     by = {r[0]: r for r in rows[1:]}
     assert by["wait_probability"][1] == "probability"
     # every batch waited 0 on both sides: a zero-width interval, said so
-    assert by["wait_probability"][2] == "0 (all batches)"
+    assert by["wait_probability"][2] == "0 (every batch)"
     text = report.terminal(rep)
     assert "± 0 " not in text and not any(line.rstrip().endswith("± 0") for line in text.splitlines())
     assert "+-0 " not in text and "+-0]" not in text  # a stated error of 0 is no error
@@ -196,7 +196,7 @@ def test_the_headline_says_what_it_counted() -> None:
     for (subject, reference), n in by_pair.items():
         assert f"{n} metric{'s' if n != 1 else ''} {subject} vs {reference}" in line
     assert sum(by_pair.values()) == len(counted)
-    assert report.COUNTING in report.terminal(rep).splitlines()
+    assert report.COUNTING in " ".join(report.terminal(rep).split())  # wrapped to the terminal's width
     assert report.COUNTING in report.markdown(rep, []).splitlines()
 
 
@@ -338,9 +338,18 @@ def test_tradeoff_labels_settings_in_the_legend_not_over_the_points(
     assert len(ax.texts) == 0  # no annotation to overprint
     texts = [t.get_text() for t in ax.get_legend().get_texts()]
     assert texts == ["jsq", "random", "load=0.5", "load=0.9"]
-    # equal message counts: the two policies' points drawn apart sideways
-    xs = {float(c.lines[0].get_xdata()[0]) for c in ax.containers}  # each point's marker
-    assert len(ax.containers) == 4 and len(xs) == 2
+    # equal message counts and values: every point (two policies at two loads) drawn apart sideways, no
+    # marker on another (issue 30: two loads of one policy lay on one another), all within the spread
+    centres = [(float(c.lines[0].get_xdata()[0]), float(c.lines[0].get_ydata()[0])) for c in ax.containers]
+    assert len(centres) == 4
+    fig = figures.by_name["tradeoff.png"]
+    pixels = [ax.transData.transform(c) for c in centres]
+    marker = 7 * fig.dpi / 72  # the markers' size, ms = 7 points
+    for a, pa in enumerate(pixels):
+        for pb in pixels[a + 1 :]:
+            assert abs(pa[0] - pb[0]) >= marker, (pixels, marker)
+    xs = [x for x, _ in centres]
+    assert max(xs) - min(xs) <= plots.SPREAD * 1.0 + 1e-12  # the x range is 0 here: a span of 1
 
 
 def test_a_theory_tail_fading_below_the_measured_ones_has_no_zero_marker_and_sets_no_floor(
@@ -409,3 +418,33 @@ def test_a_queue_sweeps_tradeoff_shows_mean_median_and_p99_against_messages(
     p99 = axes[2]
     ys = sorted(float(c.lines[0].get_ydata()[0]) for c in p99.containers)
     assert ys == [11.0, 15.0]
+
+
+def test_no_fault_band_has_the_colour_of_a_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """faults.png: the fault windows are grey bands told apart by their hatching; no band has the colour
+    of a line (the pause band once had the colour of its nodes' line, and read as part of it)."""
+    from matplotlib.colors import to_rgb
+    from matplotlib.patches import Polygon, Rectangle
+
+    figures = Figures(monkeypatch)
+    completed = [(t / 10, (t % 12)) for t in range(4000)]
+    failures = [(90.0 + t / 10, "lost", 1) for t in range(50)]
+    actions = [
+        {"fault": 0, "kind": "kill", "action": "start", "model_time": 85.0, "nodes": [0, 1, 2, 3]},
+        {"fault": 0, "kind": "kill", "action": "end", "model_time": 125.0, "nodes": [0, 1, 2, 3]},
+        {"fault": 1, "kind": "pause", "action": "start", "model_time": 205.0, "nodes": [8, 9, 10, 11]},
+        {"fault": 1, "kind": "pause", "action": "end", "model_time": 285.0, "nodes": [8, 9, 10, 11]},
+        {"fault": 2, "kind": "drop", "action": "start", "model_time": 330.0, "nodes": []},
+        {"fault": 2, "kind": "drop", "action": "end", "model_time": 360.0, "nodes": []},
+    ]
+    events = [{"model_time": 86.0, "to": "down"}, {"model_time": 140.0, "to": "up"}]
+    plots.fault_timeline(tmp_path, 400.0, completed, failures, actions, events, run="faults")
+    (ax,) = figures.by_name["faults.png"].axes
+    bands = [p for p in ax.patches if isinstance(p, Polygon | Rectangle)]
+    assert len(bands) == 3
+    lines = {to_rgb(line.get_color()) for line in ax.get_lines()}
+    for band in bands:
+        assert to_rgb(band.get_facecolor()) not in lines, band.get_label()
+    assert len({b.get_hatch() for b in bands}) == 3  # each fault its own
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "fault 1: pause (nodes 8-11)" in labels and "completed at nodes 8-11 (fault 1)" in labels

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from result_schemas import problems
 
 POOLS = """
 name = "{name}"
@@ -134,14 +135,21 @@ LOG_SCALE = {"mean_sojourn", "sojourn_p50", "sojourn_p99", "mean_tasks_per_node"
 LOG_SCALE |= {"messages_per_task"}
 
 
+def batch_values(doc: dict[str, Any], source: str, metric: str) -> dict[int, float]:
+    """A result's value of ``metric`` by batch (window position), from results.json's ``batch_values``
+    (the batches' positions, and per metric a value for each: null in a batch without one)."""
+    table = doc["results"][source]["batch_values"]
+    values = zip(table["batches"], table["values"][metric], strict=True)
+    return {b: v for b, v in values if v is not None}
+
+
 def paired_by_hand(doc: dict[str, Any], metric: str, a: str, b: str) -> tuple[float, float, int]:
     """(mean, t half-width, df) of the per-batch log ratios (or differences) of ``metric`` between the
     results ``a`` and ``b``, from their batch values."""
     from scipy import stats
 
-    va = doc["results"][a]["batch_values"][metric]
-    vb = doc["results"][b]["batch_values"][metric]
-    common = sorted(va.keys() & vb.keys(), key=int)
+    va, vb = (batch_values(doc, source, metric) for source in (a, b))
+    common = sorted(va.keys() & vb.keys())
     log = metric in LOG_SCALE and all(va[k] > 0 and vb[k] > 0 for k in common)
     d = [math.log(va[k] / vb[k]) if log else va[k] - vb[k] for k in common]
     # docs/run.md: a per-batch gap within 1e-9 of the values' size is rounding and counts as 0
@@ -208,6 +216,59 @@ def test_the_exact_theory_decides_against_the_simulation(
         v = verdict(doc, metric, "theory", "simulation")
         assert v["counts"] and v["verdict"] == "agrees", v
         assert not verdict(doc, metric, "theory", "cluster")["counts"]
+
+
+SOJOURNS = ("mean_sojourn", "sojourn_p50", "sojourn_p99")
+
+
+@pytest.mark.parametrize("policy", list(CASES))
+def test_rows_that_cannot_disagree_are_shown_but_not_counted(
+    policy: str, runs: dict[str, tuple[int, dict[str, Any], Path]]
+) -> None:
+    """On pool nodes the twin's sojourns are the cluster's task by task (the task's own service plus its
+    measured legs): the sojourn rows of cluster against twin are shown, marked "by construction", and not
+    counted, so the headline counts only rows that could have failed. On fcfs nodes they decide. The
+    claim itself is checked from tasks.csv: on pools each batch's mean sojourn of the twin is the
+    cluster's up to the legs the twin takes as 0 where a clock reading made them negative (a reply read
+    a hair before the model's completion instant), the only place the twin departs from the legs."""
+    import csv
+
+    _, doc, report = runs[policy]
+    pools = CASES[policy][0] is POOLS
+    for metric in SOJOURNS:
+        v = verdict(doc, metric)
+        assert v["by_construction"] is pools and v["counts"] is not pools, v
+    if pools:
+        settings = doc["results"]["cluster"]["settings"]
+        width = settings["duration"] / settings["batches"]
+        slack: dict[int, list[float]] = {}
+        with open(report / "tasks.csv", newline="") as f:
+            for r in csv.DictReader(f):
+                b = math.floor((float(r["t"]) - settings["warmup"]) / width)
+                legs = [float(r[k]) for k in ("arrive", "decide", "forward", "reply")]
+                slack.setdefault(b, []).append(sum(-x for x in legs if x < 0))
+        a, b = (batch_values(doc, source, "mean_sojourn") for source in ("cluster", "twin"))
+        assert a.keys() == b.keys()
+        for k in a:
+            allowed = sum(slack[k]) / len(slack[k])
+            assert abs(a[k] - b[k]) <= allowed + 1e-9 * a[k], (k, a[k], b[k], allowed)
+    counted = [v for v in doc["comparison"] if v["counts"] and v["agrees"] is not None]
+    assert not any(v["by_construction"] for v in counted)
+    text = (report / "report.md").read_text()
+    assert f"{len(counted)} comparisons that decide" in text
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
+    for metric in SOJOURNS:
+        assert ("by construction" in rows[metric]) is pools, rows[metric]
+
+
+@pytest.mark.parametrize("policy", list(CASES))
+def test_results_json_follows_its_schema(
+    policy: str, runs: dict[str, tuple[int, dict[str, Any], Path]]
+) -> None:
+    """docs/results.schema.json holds for results.json (and lbt run --json prints the same object)."""
+    _, doc, report = runs[policy]
+    assert problems("results.schema.json", doc) == []
+    assert json.loads((report / "results.json").read_text()) == doc
 
 
 def test_two_dispatchers_ran_on_both_sides_of_the_comparison(

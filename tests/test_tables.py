@@ -6,10 +6,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from lbtestbed.analysis.results.result import summarize
 from lbtestbed.analysis.results.tables import render, render_notes, show
+from lbtestbed.analysis.results.text import DEFAULT_WIDTH, Fit, natural_width, table
 from lbtestbed.analysis.simulator import simulate_once
 from lbtestbed.analysis.theory import predict
+from lbtestbed.cli import main
 from lbtestbed.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,3 +59,48 @@ def test_bounds_read_as_numbers_and_a_withheld_tail_says_why() -> None:
 
 def test_show() -> None:
     assert show({"a": 1 / 3, "b": True, "c": [0.1 + 0.2, "x"]}) == "a=0.333333, b=yes, c=[0.3, x]"
+
+
+EXAMPLES = sorted((ROOT / "examples").glob("*.toml"))
+
+
+def test_lbt_predict_fits_100_columns_for_every_example(capsys: pytest.CaptureFixture[str]) -> None:
+    """Not a terminal: ``lbt predict`` fits 100 columns, its notes wrapped with their words whole (a
+    note once reached 401 characters); nothing is lost in the wrapping."""
+    for spec in EXAMPLES:
+        assert main(["predict", str(spec)]) == 0
+        out = capsys.readouterr().out
+        assert max(map(len, out.splitlines())) <= DEFAULT_WIDTH, spec.name
+        flat = " ".join(out.split())
+        for note in predict(load_spec(spec)).extras.get("notes", []):
+            assert f"{note['metric']}:" in flat and " ".join(str(note.get("source", "")).split()) in flat
+
+
+ROWS = [
+    ["metric", "unit", "cluster", "twin", "verdict", "theory"],
+    ["mean_sojourn", "model s", "1.2393 ± 0.12", "1.2379 ± 0.097", "agrees", "1.05 [exact +-4.3e-05]"],
+    ["occupancy_tail[servers] at j=2", "fraction", "0.026 ± 0.021", "0.031 ± 0.02", "disagrees (4 se)", "0"],
+]
+
+
+@pytest.mark.parametrize("width", [30, 50, 70, 90, 100, 120, 200])
+def test_a_table_fits_its_width_and_says_what_it_left_out(width: int) -> None:
+    """``text.table``: never wider than asked; optional columns go first, in their order, and the line
+    under the table names them; the wrapping columns give way before a value is split."""
+    fit = Fit(width)
+    out = table(ROWS, fit, wrap=("metric", "verdict"), drop=("unit", "theory"))
+    assert max(map(len, out.splitlines())) <= width, out
+    natural = natural_width(ROWS)
+    if natural <= width:
+        assert "left out" not in out and "1.05 [exact +-4.3e-05]" in out
+    else:
+        assert "left out" in out and "model s" not in out
+    if width >= 90:  # room enough: every value on one line
+        assert "1.2379 ± 0.097" in out and "0.026 ± 0.021" in out
+
+
+def test_wide_shows_every_column_at_full_width() -> None:
+    out = table(ROWS, Fit(40, wide=True), wrap=("metric",), drop=("unit", "theory"))
+    assert "left out" not in out
+    for row in ROWS:
+        assert any(all(cell in line for cell in row) for line in out.splitlines()), row

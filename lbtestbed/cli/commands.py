@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from lbtestbed.analysis.results.provenance import stamped
+from lbtestbed.analysis.results.text import Fit, terminal_width
 from lbtestbed.cli.output import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -64,10 +66,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         if records is not None:
             records.close()
     if args.json:
-        print_json(result.to_json())
+        print_json(stamped(result.to_json()))
     else:
-        print(render(result))
+        print(render(result, _fit(args)))
     return EXIT_OK
+
+
+def _fit(args: argparse.Namespace) -> Fit:
+    """What a table must fit: the terminal (100 columns when stdout is not one), or ``--wide``."""
+    return Fit(terminal_width(), args.wide)
 
 
 def _records_file(args: argparse.Namespace) -> IO[str] | str | None:
@@ -90,12 +97,20 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
     predicted = predict(exp, transient=args.transient)
     if args.json:
-        print_json(predicted.result.to_json())
+        print_json(stamped(predicted.result.to_json()))
         return EXIT_OK
-    print(render(predicted.result))
-    print(render_notes(predicted.result))
+    fit = _fit(args)
+    print(render(predicted.result, fit))
+    print(render_notes(predicted.result, fit))
     if predicted.transient is not None:
         print(render_transient(exp, predicted.result, predicted.transient))
+    return EXIT_OK
+
+
+def cmd_spec_schema(args: argparse.Namespace) -> int:
+    from lbtestbed.spec import spec_schema
+
+    print_json(spec_schema())
     return EXIT_OK
 
 
@@ -286,7 +301,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         from lbtestbed.analysis.report.run_report import terminal  # loaded by the run already
 
-        print(terminal(done.report))
+        print(terminal(done.report, _fit(args)))
         beside = f"results.json and {len(done.files) - 2} plots beside it"
         print(f"report: {done.directory / 'report.md'} ({beside})")
     return EXIT_OK if done.report.passed else EXIT_FAILED
@@ -295,7 +310,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     exp = load_spec(args.spec)  # the file itself first; every point is checked before the first runs
     # here: the runner, the simulator and the plots load only for a spec that loads
-    from lbtestbed.analysis.report.run_report import table
+    from lbtestbed.analysis.results.text import table
     from lbtestbed.experiment.sweep import SweepOptions, rows, run_sweep
 
     options = SweepOptions(
@@ -311,7 +326,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"spec": args.spec, "points": [p.to_json() for p in done.points]})
     else:
-        print(table(rows(done.points)))
+        grid = rows(done.points)
+        print(table(grid, _fit(args), wrap=grid[0]))
         beside = ", ".join(f.name for f in done.files if f.name != "sweep.md")
         print(f"sweep: {done.directory / 'sweep.md'} ({beside} beside it)")
     return EXIT_OK if all(p.agrees is not False for p in done.points) else EXIT_FAILED

@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_simulate, _predict, _cluster, _load, _run, _sweep):
+    for add in (_simulate, _predict, _cluster, _load, _run, _sweep, _spec):
         add(sub)
     return parser
 
@@ -89,6 +89,7 @@ def _simulate(sub: Commands) -> None:
     )
     sim.add_argument("spec", help="experiment spec (TOML), see docs/spec.md")
     sim.add_argument("--json", action="store_true", help="print the result object as JSON")
+    _add_wide(sim)
     sim.add_argument(
         "--replications",
         type=at_least(1),
@@ -127,6 +128,7 @@ def _predict(sub: Commands) -> None:
     )
     pre.add_argument("spec", help="experiment spec (TOML), see docs/spec.md")
     pre.add_argument("--json", action="store_true", help="print the result object (source: theory) as JSON")
+    _add_wide(pre)
     pre.add_argument(
         "--transient",
         action="store_true",
@@ -386,6 +388,7 @@ def _run(sub: Commands) -> None:
     _add_force(run)
     _add_overrides(run)
     run.add_argument("--json", action="store_true", help="print results.json's object instead of the table")
+    _add_wide(run)
     run.add_argument("--quiet", action="store_true", help="no progress on stderr")
     run.set_defaults(func=commands.cmd_run)
 
@@ -424,6 +427,7 @@ def _sweep(sub: Commands) -> None:
     _add_processes(swp)
     _add_force(swp)
     swp.add_argument("--json", action="store_true", help="print sweep.json's object instead of the table")
+    _add_wide(swp)
     swp.add_argument("--quiet", action="store_true", help="no progress on stderr")
     swp.set_defaults(func=commands.cmd_sweep)
 
@@ -449,6 +453,35 @@ def _add_executor(parser: argparse.ArgumentParser, what: str) -> None:
         "a Dask scheduler, tcp://HOST:PORT as dask scheduler prints it, whose workers (on any machines, "
         "each with this lbtestbed installed) run them with the same results (README, Sweeps on a cluster "
         "of machines)",
+    )
+
+
+def _spec(sub: Commands) -> None:
+    """``lbt spec schema``."""
+    spec = sub.add_parser(
+        "spec",
+        help="what a spec may hold: its JSON Schema",
+        description="lbt spec schema prints the JSON Schema of an experiment spec, made of the spec "
+        "reader's own table of keys and every policy's parameters, for editors that validate a TOML file "
+        "as they type (docs/spec.md, 'The spec's JSON Schema').",
+    )
+    actions = spec.add_subparsers(dest="action", required=True)
+    schema = actions.add_parser(
+        "schema",
+        help="print the JSON Schema of a spec",
+        description="Print the JSON Schema (draft-07) of an experiment spec as TOML decodes it. "
+        "docs/spec.schema.json holds the same; what depends on several values at once (stability, "
+        "probes against nodes, a fault within the run) only the reader checks.",
+    )
+    schema.set_defaults(func=commands.cmd_spec_schema)
+
+
+def _add_wide(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--wide",
+        action="store_true",
+        help="every column of the table at its full width; by default a table fits the terminal (100 "
+        "columns when the output is not a terminal), leaving out the columns it names under it",
     )
 
 

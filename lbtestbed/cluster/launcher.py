@@ -286,9 +286,11 @@ class Cluster:
             for e in f.dispatchers + f.node_hosts
         ]
         if f.prometheus_pid:
-            from lbtestbed.cluster.prometheus import ready
+            from lbtestbed.cluster.prometheus import ready, serves
 
             running = _prometheus(f).ours()
+            # ready, and the very server it started (not another on its port)
+            mine = running and ready(f.prometheus_url) and serves(f.prometheus_url, _prometheus(f))
             rows.append(
                 {
                     "role": "prometheus",
@@ -296,7 +298,7 @@ class Cluster:
                     "url": f.prometheus_url,
                     "pid": f.prometheus_pid,
                     "alive": running,
-                    "healthy": running and ready(f.prometheus_url),
+                    "healthy": mine,
                     "nodes": 0,
                 }
             )

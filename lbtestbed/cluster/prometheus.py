@@ -2,7 +2,10 @@
 
 ``start_prometheus`` writes a directory next to the cluster file (``cluster.json`` -> ``cluster.prometheus/``)
 and starts ``prometheus`` there as a subprocess in its own session, on a free loopback port, then waits
-until ``/-/ready``. The directory holds:
+until the server at that port is ready *and is the one it started* (``serves``): our process alive and
+listening on the port, and the server's own flags naming our configuration file and database. A port
+held by another Prometheus (another cluster's) answers ``/-/ready`` too; without that check the new
+cluster would read the other's data. The directory holds:
 
 - ``targets.json``: file-based service discovery, one entry per dispatcher and node host, labelled with
   ``role``, ``index``, ``cluster`` (the spec's name) and ``policy``;
@@ -39,6 +42,8 @@ import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import psutil
 
 from lbtestbed.cluster.processes import Started, free_ports, stop_all
 from lbtestbed.model.experiment import Experiment
@@ -307,6 +312,41 @@ def ready(url: str) -> bool:
         return False
 
 
+#: the flags that make a Prometheus server ours: what it reads, where it stores and where it listens
+IDENTITY_FLAGS = ("config.file", "storage.tsdb.path", "web.listen-address")
+
+
+def flags_of(cmdline: Sequence[str]) -> dict[str, str]:
+    """The ``--name=value`` flags of a Prometheus command line, by name."""
+    pairs = (arg[2:].partition("=") for arg in cmdline if arg.startswith("--"))
+    return {name: value for name, _, value in pairs}
+
+
+def listens_on(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds a listening TCP socket on ``port`` (ours, so readable unprivileged)."""
+    try:
+        conns = psutil.Process(pid).net_connections(kind="tcp")
+    except psutil.Error:
+        return False
+    return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns)
+
+
+def serves(url: str, started: Started) -> bool:
+    """Whether the Prometheus answering at ``url`` is the process ``started`` records: that process is
+    alive and listens on the URL's port, and the answering server's flags (``/api/v1/status/flags``) name
+    the configuration file, database and address of its command line. Another cluster's server on the
+    port fails the last test even when our process is alive (before it gives up on the taken port)."""
+    port = urllib.parse.urlsplit(url).port
+    if port is None or not started.ours() or not listens_on(started.pid, port):
+        return False
+    try:
+        answered = api_get(url, "/api/v1/status/flags", {}, "flags")
+    except PrometheusError:
+        return False
+    ours = flags_of(started.cmdline)
+    return isinstance(answered, dict) and all(answered.get(k) == ours.get(k) for k in IDENTITY_FLAGS)
+
+
 def start_prometheus(
     exp: Experiment,
     cluster: ClusterFile,
@@ -357,6 +397,10 @@ def start_prometheus(
             server.stop()
             raise
         server.stop()  # lost the port to another process: try another one
+        if port:
+            raise PrometheusError(
+                f"prometheus could not listen on {LOOPBACK}:{port}: another process holds it (log {log_path})"
+            )
     raise PrometheusError(f"prometheus could not bind a loopback port (log: {log_path})")
 
 
@@ -371,9 +415,11 @@ def port_free(port: int) -> bool:
 
 
 def _wait_ready(server: PrometheusServer, log_path: Path, timeout: float) -> bool:
-    """True when ready, False when it exited because its port was taken; else a PrometheusError."""
+    """True when our server is ready at its URL (``serves``), False when it exited because its port was
+    taken; else a PrometheusError. A ready server that is not ours is another's on the port: ours exits
+    on the taken address, which this sees."""
     deadline = time.monotonic() + timeout
-    while not ready(server.url):
+    while not (ready(server.url) and serves(server.url, server.started)):
         if server.proc is not None and server.proc.poll() is not None:
             text = log_path.read_text(errors="replace")
             if "address already in use" in text:

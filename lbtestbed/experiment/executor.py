@@ -25,7 +25,7 @@ from concurrent.futures import as_completed as local_as_completed
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Protocol, TypeVar
 
-from lbtestbed import __version__
+from lbtestbed.analysis.results.provenance import version
 from lbtestbed.experiment.errors import BadInput, Failed
 
 T = TypeVar("T")
@@ -213,13 +213,14 @@ def _check_workers(client: Any, address: str, timeout: float) -> None:
     except Exception as e:  # PackageNotFoundError from a worker without it, as a rule
         raise BadInput(
             f"--executor {address}: a worker cannot say its lbtestbed version ({type(e).__name__}: {e}; "
-            f"install lbtestbed {__version__} on every machine)"
+            f"install lbtestbed {version()} on every machine)"
         ) from None
-    for worker, version in sorted(versions.items()):
-        if version != __version__:
+    ours = version()
+    for worker, theirs in sorted(versions.items()):
+        if theirs != ours:
             raise BadInput(
-                f"--executor {address}: worker {worker} runs lbtestbed {version}, this machine "
-                f"{__version__} (install the same version on every machine)"
+                f"--executor {address}: worker {worker} runs lbtestbed {theirs}, this machine "
+                f"{ours} (install the same version on every machine)"
             )
 
 

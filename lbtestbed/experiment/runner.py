@@ -598,6 +598,14 @@ def cluster_result(exp: Experiment, m: Measurement) -> tuple[Result, RawRun]:
             "completed": [(round(r.t, 6), r.node) for r in m.load.records],
             "failures": [(round(t, 6), outcome, node) for t, outcome, node in m.load.failures],
         }
+    touched = excluded_batches(exp) if exp.faults else [False] * len(keep)
+    result.extras["batches"] = {  # the batch set of every row of the report (run_report.batch_note)
+        "window": len(keep),
+        "kept": [b for b, k in enumerate(keep) if k],
+        "faults": [b for b, t in enumerate(touched) if t],
+        # left out for want of an answer alone (the target of a fault does not answer either)
+        "unanswered": [b for b in unanswered_batches(m.snapshots) if not touched[b]],
+    }
     result.extras |= {
         "decisions": raw.decisions,
         "network_overhead": ratio_estimate(num, den).to_json(),
@@ -670,19 +678,29 @@ def run_experiment(
     m = run_cluster(exp, directory, say, **cluster_options)
     cluster, raw = cluster_result(exp, m)
     ages = [{k: [a for _, a in v] for k, v in t.items()} for t in (m.message_ages, m.rider_ages)]
-    cluster.extras["overhead"] = overhead_of(m.load.records, exp.run.time_scale, *ages)
+    kinds = exp.policy.message_kinds()
+    cluster.extras["overhead"] = overhead_of(m.load.records, exp.run.time_scale, ages[0], ages[1], kinds)
     write_records(directory / "tasks.csv", m.load.records)
     raws = {"cluster": raw}
+    # one batch set for every column: the simulation and the twin are cut to the batches the cluster
+    # keeps (a fault, or a scrape unanswered, leaves the others out), so that a row's values, its gap and
+    # its verdict are all over the same batches
+    kept = raw.positions()
     simulation = twin = None
     if simulate:
         say("simulating the same tasks")
-        sim_raw = simulate_once(exp)
+        sim_raw = simulate_once(exp).only(kept)
         simulation = summarize(exp, [sim_raw])
         raws["simulation"] = sim_raw
         say("simulating the twin: the same tasks with the delays the cluster measured")
         twin_raw, replayed = simulate_twin(exp, emulation_of(exp, m))
+        twin_raw = twin_raw.only(kept)
         twin = summarize(exp, [twin_raw], source="twin")
-        twin.extras["message_ages_replayed"] = {k: {"own": a, "drawn": b} for k, (a, b) in replayed.items()}
+        # every kind of the policy (0 and 0 where none was sent): the same keys in every run of the spec
+        twin.extras["message_ages_replayed"] = {
+            k: dict(zip(("own", "drawn"), replayed.get(k, [0, 0]), strict=True))
+            for k in sorted({*kinds, *replayed})
+        }
         raws["twin"] = twin_raw
     theory = predict(exp)
     warnings += [f"theory: {w}" for w in theory.extras.get("warnings", [])]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import IO
 
+from lbtestbed.analysis.comparison.paired import batch_table
 from lbtestbed.analysis.results.raw import RawRun
 from lbtestbed.analysis.results.result import Result, summarize
 from lbtestbed.analysis.simulator import simulate_once
@@ -25,9 +26,9 @@ def simulate(
     quiet: bool = False,
 ) -> Result:
     """The simulation's result: one run here when ``replications`` is 1 (its per-task ``records``
-    written when given), else that many replications on ``executor`` (``local``: at most ``jobs``
-    processes; or a Dask scheduler's address, BadInput when it cannot serve); progress on stderr unless
-    ``quiet``."""
+    written when given, and each metric's batch values in ``batch_values``), else that many replications
+    on ``executor`` (``local``: at most ``jobs`` processes; or a Dask scheduler's address, BadInput when it
+    cannot serve); progress on stderr unless ``quiet``."""
     if replications == 1:
         if executor != LOCAL:
             raise BadInput(
@@ -36,7 +37,10 @@ def simulate(
         raws = [_one_run(exp, records, quiet)]
     else:
         raws = _replications(exp, replications, executor, jobs, quiet)
-    return summarize(exp, raws)
+    result = summarize(exp, raws)
+    if replications == 1:  # each metric batch by batch, as results.json has them (batch means)
+        result.extras["batch_values"] = batch_table(raws[0])
+    return result
 
 
 def _one_run(exp: Experiment, records: IO[str] | None, quiet: bool) -> RawRun:

@@ -290,7 +290,7 @@ def rows(points: Sequence[Point]) -> list[list[str]]:
 
 
 def write(directory: Path, spec: str, points: Sequence[Point]) -> list[Path]:
-    from lbtestbed.analysis.report.run_report import table
+    from lbtestbed.analysis.report.run_report import markdown_table
 
     directory.mkdir(parents=True, exist_ok=True)
     # the policy is swept by its name, or whole (`--set 'policy={name="least_request"},{...}'`: variants)
@@ -312,7 +312,7 @@ def write(directory: Path, spec: str, points: Sequence[Point]) -> list[Path]:
     md = [
         f"# Sweep of `{spec}` ({points[0].result.source})",
         "",
-        table(rows(points), markdown=True),
+        markdown_table(rows(points)),
         "",
         "Values are means with the half-width of their 95% interval; time in model seconds.",
         "",

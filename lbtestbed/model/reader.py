@@ -72,7 +72,7 @@ class TableReader:
             raise self.fail(name, f"must be at most {maximum:,}, got {show(v)}")
         return v
 
-    def number(self, name: str, default: float | None = None, positive: bool = True) -> float:
+    def number(self, name: str, default: float | None = None, positive: bool | None = True) -> float:
         v = self.require(name) if default is None else self.get(name, default)
         return self.as_number(name, v, positive)
 

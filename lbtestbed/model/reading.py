@@ -19,14 +19,12 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, Protocol
 
-from lbtestbed.model.distributions import SIZE_DISTRIBUTIONS, SizeDistribution, SpeedSpec
+from lbtestbed.model import keys
+from lbtestbed.model.distributions import SizeDistribution, SpeedSpec
 from lbtestbed.model.experiment import (
     COMMON_POLICY_KEYS,
-    DISCIPLINES,
-    FAULT_KINDS,
     GRAY_FAULTS,
     MAX_ARRIVALS,
-    MAX_DISPATCHERS,
     MAX_NODES,
     MAX_PROCESS_BYTES,
     MAX_SPEED_CHANGES,
@@ -34,8 +32,6 @@ from lbtestbed.model.experiment import (
     NODE_BYTES,
     PROCESS_FAULTS,
     SENT_TASK_BYTES,
-    SPLITS,
-    VIEWS,
     Experiment,
     Fault,
     HealthSpec,
@@ -76,9 +72,9 @@ def _parse_speed(r: TableReader) -> SpeedSpec:
     v = r.get("speed")
     if isinstance(v, Mapping):
         s = TableReader(r.source, v, r.key("speed"))
-        s.check_keys(("dist", "low", "high"))
-        s.string("dist", choices=("uniform",))
-        low, high = s.number("low"), s.number("high")
+        s.check_keys(keys.SPEED_RANGE.names)
+        keys.SPEED_RANGE["dist"].read(s)
+        low, high = keys.SPEED_RANGE["low"].read(s), keys.SPEED_RANGE["high"].read(s)
         if high <= low:
             raise s.fail("high", f"must exceed low ({low:g}), got {high:g}")
         return SpeedSpec(low=low, high=high)
@@ -101,11 +97,11 @@ def _parse_utility(r: TableReader) -> Utility | None:
     if not r.has("utility"):
         return None
     u = r.sub("utility")
-    kind = u.string("kind", choices=("xlog", "table"))
+    kind = keys.UTILITY["kind"].read(u)
     if kind == "xlog":
-        u.check_keys(("kind", "r"))
-        return XLogUtility(u.number("r"))
-    u.check_keys(("kind", "values"))
+        u.check_keys(keys.UTILITY.only("kind", "r"))
+        return XLogUtility(keys.UTILITY["r"].read(u))
+    u.check_keys(keys.UTILITY.only("kind", "values"))
     values = u.require("values")
     if not isinstance(values, list) or len(values) < 2:
         raise u.fail("values", "must be an array of at least two numbers u(0), u(1), ...")
@@ -123,29 +119,27 @@ def _parse_size(r: TableReader, name: str) -> SizeDistribution:
     if isinstance(v, int | float) and not isinstance(v, bool):
         return SizeDistribution.of("deterministic", r.as_number(name, v))
     t = r.sub(name)
-    dist = t.string("dist", choices=SIZE_DISTRIBUTIONS)
-    needs_scv = dist in ("hyperexponential", "lognormal")
-    t.check_keys(("dist", "mean", "scv") if needs_scv else ("dist", "mean"))
-    mean = t.number("mean")
-    scv = t.number("scv") if needs_scv else None
+    dist = keys.SIZE["dist"].read(t)
+    needs_scv = dist in keys.WITH_SCV
+    t.check_keys(keys.SIZE.only("dist", "mean", "scv") if needs_scv else keys.SIZE.only("dist", "mean"))
+    mean = keys.SIZE["mean"].read(t)
+    scv = keys.SIZE["scv"].read(t) if needs_scv else None
     if dist == "hyperexponential" and scv is not None and scv < 1:
         raise t.fail("scv", f"a hyperexponential has scv >= 1, got {scv:g} (use lognormal below 1)")
     return SizeDistribution.of(dist, mean, scv)
 
 
 def _parse_class(r: TableReader) -> NodeClass:
-    r.check_keys(
-        ("name", "count", "discipline", "speed", "utility", "speed_schedule", "antagonist", "weight")
-    )
+    r.check_keys(keys.CLASS.names)
     return NodeClass(
-        name=r.string("name"),
-        count=r.integer("count", minimum=1, maximum=MAX_NODES),
-        discipline=r.string("discipline", choices=DISCIPLINES),
+        name=keys.CLASS["name"].read(r),
+        count=keys.CLASS["count"].read(r),
+        discipline=keys.CLASS["discipline"].read(r),
         speed=_parse_speed(r),
         utility=_parse_utility(r),
         speed_schedule=_parse_schedule(r) or (),
         antagonist=_parse_antagonist(r),
-        weight=r.number("weight") if r.has("weight") else None,
+        weight=keys.CLASS["weight"].read(r) if r.has("weight") else None,
     )
 
 
@@ -165,15 +159,15 @@ def _parse_schedule(r: TableReader) -> tuple[Entry, ...] | None:
         e = TableReader(r.source, v, r.key(f"speed_schedule[{j}]"))
         entry: Entry
         if e.has("at"):
-            e.check_keys(("at", "factor"))
-            entry = Step(e.number("at", positive=False), e.number("factor"))
-        elif any(e.has(k) for k in ("start", "end", "from", "to", "steps")):
-            e.check_keys(("start", "end", "from", "to", "steps"))
-            start, end = e.number("start", positive=False), e.number("end")
+            e.check_keys(keys.STEP.names)
+            entry = Step(keys.STEP["at"].read(e), keys.STEP["factor"].read(e))
+        elif any(e.has(k) for k in keys.RAMP.names):
+            e.check_keys(keys.RAMP.names)
+            start, end = keys.RAMP["start"].read(e), keys.RAMP["end"].read(e)
             if end <= start:
                 raise e.fail("end", f"must come after start ({start:g}), got {end:g}")
-            frm = e.number("from") if e.has("from") else None
-            entry = Ramp(start, end, e.number("to"), frm, e.integer("steps", default=10, minimum=1))
+            frm = keys.RAMP["from"].read(e) if e.has("from") else None
+            entry = Ramp(start, end, keys.RAMP["to"].read(e), frm, keys.RAMP["steps"].read(e))
         else:
             raise e.fail("at", "missing: a step has at and factor, a ramp start, end and to")
         if entries and entry.begins < entries[-1].ends:
@@ -191,8 +185,9 @@ def _parse_antagonist(r: TableReader) -> Antagonist | None:
     if not r.has("antagonist"):
         return None
     a = r.sub("antagonist")
-    a.check_keys(("factor", "mean_on", "mean_off"))
-    return Antagonist(a.number("factor"), a.number("mean_on"), a.number("mean_off"))
+    a.check_keys(keys.ANTAGONIST.names)
+    factor, on, off = (keys.ANTAGONIST[k].read(a) for k in ("factor", "mean_on", "mean_off"))
+    return Antagonist(factor, on, off)
 
 
 def _parse_nodes(top: TableReader, n: int) -> tuple[NodeSpeed, ...]:
@@ -207,8 +202,8 @@ def _parse_nodes(top: TableReader, n: int) -> tuple[NodeSpeed, ...]:
         if not isinstance(v, Mapping):
             raise top.fail(f"nodes[{i}]", "must be a table")
         r = TableReader(top.source, v, f"nodes[{i}]")
-        r.check_keys(("node", "speed_schedule", "antagonist"))
-        node = r.integer("node", minimum=0, maximum=n - 1)
+        r.check_keys(keys.NODE.names)
+        node = keys.NODE["node"].read(r, maximum=n - 1)
         if any(o.node == node for o in out):
             raise r.fail("node", f"node {node} has another [[nodes]] table")
         if not r.has("speed_schedule") and not r.has("antagonist"):
@@ -315,45 +310,35 @@ def _parse_faults(top: TableReader, spec: PolicyParams, n: int, run: RunSpec) ->
         if not isinstance(v, Mapping):
             raise top.fail(f"faults[{i}]", "must be a table")
         f = TableReader(top.source, v, f"faults[{i}]")
-        kind = f.string("kind", choices=FAULT_KINDS)
-        keys = {
-            "kill": ("node",),
-            "pause": ("node",),
-            "drop": ("fraction", "messages"),
-            "duplicate": ("fraction", "messages"),
-            "delay": ("delay", "messages"),
-            "restart_dispatcher": ("dispatcher",),
-            "slow": ("node", "speed"),
-            "fail": ("node", "fraction"),
-        }[kind]
-        f.check_keys(("kind", "at", "until", "settle", *keys))
-        at, until = f.number("at", positive=False), f.number("until")
+        kind = keys.FAULT["kind"].read(f)
+        f.check_keys((*keys.FAULT_COMMON, *keys.FAULT_KEYS[kind]))
+        at, until = keys.FAULT["at"].read(f), keys.FAULT["until"].read(f)
         # a restarted node starts empty, and the warm-up is what the spec allows to reach equilibrium
         # from empty; a fault that builds a backlog (a long pause) may need more
-        settle = f.number("settle", run.warmup, positive=False)
+        settle = keys.FAULT["settle"].read(f, default=run.warmup)
         if until <= at:
             raise f.fail("until", f"must come after at ({at:g}), got {until:g}")
         if until > end:
             raise f.fail("until", f"must lie within the run (warmup + duration = {end:g}), got {until:g}")
         fault = Fault(kind, at, until)
         if kind in PROCESS_FAULTS:
-            fault = Fault(kind, at, until, node=f.integer("node", minimum=0, maximum=n - 1))
+            fault = Fault(kind, at, until, node=keys.FAULT["node"].read(f, maximum=n - 1))
         elif kind == "restart_dispatcher":
-            fault = Fault(kind, at, until, dispatcher=f.integer("dispatcher", default=0, minimum=0))
+            fault = Fault(kind, at, until, dispatcher=keys.FAULT["dispatcher"].read(f))
         elif kind in GRAY_FAULTS:
-            node = f.integer("node", minimum=0, maximum=n - 1)
+            node = keys.FAULT["node"].read(f, maximum=n - 1)
             for j, other in enumerate(faults):
                 if other.kind == kind and other.node == node and at < other.until and other.at < until:
                     raise f.fail("at", f"overlaps faults[{j}], another {kind} fault of node {node}")
             if kind == "slow":
-                speed = f.number("speed")
+                speed = keys.FAULT["speed"].read(f)
                 if speed >= 1:
                     raise f.fail(
                         "speed", f"a slow node serves at a fraction of its speed: in (0, 1), got {speed:g}"
                     )
                 fault = Fault(kind, at, until, node=node, speed=speed)
             else:
-                fraction = f.number("fraction")
+                fraction = keys.FAULT["fraction"].read(f)
                 if fraction > 1:
                     raise f.fail("fraction", f"must lie in (0, 1], got {fraction:g}")
                 fault = Fault(kind, at, until, node=node, fraction=fraction)
@@ -372,7 +357,7 @@ def _parse_faults(top: TableReader, spec: PolicyParams, n: int, run: RunSpec) ->
                     )
             fraction = 1.0
             if kind != "delay":
-                fraction = f.number("fraction")
+                fraction = keys.FAULT["fraction"].read(f)
                 if fraction > 1:
                     raise f.fail("fraction", f"must lie in (0, 1], got {fraction:g}")
             delay = _parse_size(f, "delay") if kind == "delay" else None
@@ -427,19 +412,16 @@ def apply_overrides(
 
 # ----------------------------------------------------------------------------------------- the document
 
-TOP_KEYS = ("name", "description", "seed", "classes", "workload", "policy", "run", "network", "faults",
-            "health", "nodes")  # fmt: skip
-
 
 def read_experiment(data: Mapping[str, Any], source: str, policies: PolicyLibrary) -> Experiment:
     """Validate a decoded TOML document and build the experiment; the ``[policy]`` table goes to the
     parameter class ``policies`` holds for its name."""
     top = TableReader(source, data, "")
-    top.check_keys(TOP_KEYS)
-    name = top.string("name")
+    top.check_keys(keys.TOP.names)
+    name = keys.TOP["name"].read(top)
     if top.has("description"):
-        top.string("description")
-    seed = top.integer("seed", default=0, minimum=0)
+        keys.TOP["description"].read(top)
+    seed = keys.TOP["seed"].read(top)
     classes = _read_classes(top)
     n = sum(c.count for c in classes)
     workload = _read_workload(top, seed, classes, n)
@@ -491,9 +473,9 @@ def _read_classes(top: TableReader) -> list[NodeClass]:
 
 def _read_workload(top: TableReader, seed: int, classes: Sequence[NodeClass], n: int) -> Workload:
     w = top.sub("workload")
-    w.check_keys(("load", "arrival_rate", "beta", "service"))
+    w.check_keys(keys.WORKLOAD.names)
     service = _parse_size(w, "service") if w.has("service") else SizeDistribution.of("exponential", 1.0)
-    given = [k for k in ("load", "arrival_rate", "beta") if w.has(k)]
+    given = [k for k in keys.RATES if w.has(k)]
     if len(given) != 1:
         raise w.fail(
             "load",
@@ -502,13 +484,13 @@ def _read_workload(top: TableReader, seed: int, classes: Sequence[NodeClass], n:
         )
     beta = None
     if given[0] == "load":
-        load = w.number("load")
+        load = keys.WORKLOAD["load"].read(w)
         rate = load * n / service.mean
     elif given[0] == "arrival_rate":
-        rate = w.number("arrival_rate")
+        rate = keys.WORKLOAD["arrival_rate"].read(w)
         load = rate * service.mean / n
     else:
-        beta = w.number("beta")
+        beta = keys.WORKLOAD["beta"].read(w)
         rate = _halfin_whitt_rate(w, seed, classes, service, beta)
         load = rate * service.mean / n
     return Workload(arrival_rate=rate, load=load, service=service, beta=beta, given=given[0])
@@ -521,11 +503,11 @@ def read_policy(p: TableReader, classes: Sequence[NodeClass], policies: PolicyLi
     p.check_keys(("name", *COMMON_POLICY_KEYS, *params.KEYS))
     common = {
         "name": policies.canonical(name),
-        "dispatchers": p.integer("dispatchers", default=1, minimum=1, maximum=MAX_DISPATCHERS),
-        "split": p.string("split", default="random", choices=SPLITS),
+        "dispatchers": keys.POLICY["dispatchers"].read(p),
+        "split": keys.POLICY["split"].read(p),
     }
     if "view" in params.KEYS:
-        common["view"] = p.string("view", default="local", choices=VIEWS)
+        common["view"] = keys.POLICY["view"].read(p)
     return params.read(p, common, classes)
 
 
@@ -544,16 +526,16 @@ def _check_weights(top: TableReader, classes: Sequence[NodeClass], policy: Polic
 
 
 def _read_run(rr: TableReader, n: int, rate: float) -> RunSpec:
-    rr.check_keys(("warmup", "duration", "time_scale", "batches", "tolerance"))
-    duration = rr.number("duration")
+    rr.check_keys(keys.RUN.names)
+    duration = keys.RUN["duration"].read(rr)
     auto = rr.get("time_scale") == "auto"
     if isinstance(rr.get("time_scale"), str) and not auto:
         raise rr.fail("time_scale", f'must be a positive number or "auto", got {show(rr.get("time_scale"))}')
     run = RunSpec(
-        warmup=rr.number("warmup", default=duration / 10, positive=False),
+        warmup=keys.RUN["warmup"].read(rr, default=duration / 10),
         duration=duration,
         time_scale=1.0 if auto else rr.number("time_scale", default=1.0),
-        batches=rr.integer("batches", default=20, minimum=2),
+        batches=keys.RUN["batches"].read(rr),
         auto_time_scale=auto,
         tolerance=_read_tolerance(rr),
     )
@@ -576,36 +558,30 @@ def _read_network(top: TableReader) -> NetworkSpec:
     if not top.has("network"):
         return NetworkSpec()
     nw = top.sub("network")
-    nw.check_keys(("delay", "forward_tasks"))
+    nw.check_keys(keys.NETWORK.names)
     delay = None
     if nw.has("delay"):
         v = nw.get("delay")
         zero = isinstance(v, int | float) and not isinstance(v, bool) and v == 0
         delay = None if zero else _parse_size(nw, "delay")
-    return NetworkSpec(delay=delay, forward_tasks=nw.boolean("forward_tasks", False))
+    return NetworkSpec(delay=delay, forward_tasks=keys.NETWORK["forward_tasks"].read(nw))
 
 
 def _read_health(top: TableReader) -> HealthSpec:
     if not top.has("health"):
         return HealthSpec()
     h = top.sub("health")
-    h.check_keys([f.name for f in dataclasses.fields(HealthSpec)])
-    max_ejection = h.number("max_ejection", 0.5, positive=False)
+    h.check_keys(keys.HEALTH.names)
+    max_ejection = keys.HEALTH["max_ejection"].read(h)
     if max_ejection > 1:
         raise h.fail("max_ejection", f"must lie in [0, 1], got {max_ejection:g}")
-    slow_share = h.number("slow_share", 0.5, positive=False)
+    slow_share = keys.HEALTH["slow_share"].read(h)
     if slow_share >= 1:
         raise h.fail("slow_share", f"must lie in [0, 1) (0: no ejection for slowness), got {slow_share:g}")
-    return HealthSpec(
-        h.number("heartbeat", 0.2),
-        h.number("timeout", 1.0),
-        max_ejection,
-        h.integer("consecutive_failures", default=5, minimum=1),
-        h.number("outlier_interval", 1.0),
-        h.integer("outlier_min_tasks", default=5, minimum=1),
-        slow_share,
-        h.number("ejection_time", 5.0),
-    )
+    read = {
+        k.name: k.read(h) if k.name not in ("max_ejection", "slow_share") else None for k in keys.HEALTH.keys
+    }
+    return HealthSpec(**{**read, "max_ejection": max_ejection, "slow_share": slow_share})
 
 
 def _check_stability(exp: Experiment, top: TableReader) -> None:

@@ -21,7 +21,7 @@ interval); a ``limit`` value is compared for information, marked ``limit``, and 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -30,6 +30,7 @@ from lbtestbed.analysis.results.raw import RawRun
 from lbtestbed.analysis.results.regime import LIMIT, metric_regime
 from lbtestbed.analysis.results.result import METRICS, Result
 from lbtestbed.analysis.results.statistics import t_quantile
+from lbtestbed.model.experiment import Experiment
 
 Z95 = 1.959963984540054
 #: the scalar metrics compared (the tail is handled per class)
@@ -81,6 +82,12 @@ class Verdict:
     own_p: float | None = None
     outlier_batch: int | None = None
     outlier_gap: float | None = None
+    # the window positions of the batches the comparison is over (paired: those both sides have; against
+    # a value without batches: the measured side's); None for a result without batch data
+    batches: list[int] | None = None
+    # the two sides cannot differ here by construction (the twin replays what decides the metric:
+    # ``fixed_by_twin``): compared and shown, never counted
+    by_construction: bool = False
 
     @property
     def word(self) -> str:
@@ -280,6 +287,7 @@ def compare_paired_scalar(
         v.why = f"{p.pairs} paired batch: no interval"
         return v
     _fill_paired(v, p)
+    v.batches = list(p.common)
     v.distance = p.distance()
     large = p.outlier_large(v.expected)
     v.own_p = p.p(outlier=large)
@@ -334,6 +342,7 @@ def compare_paired_tail(
     v.measured, v.measured_ci95 = pa.get("value"), pa.get("ci95")
     v.expected, v.expected_ci95 = pb.get("value"), pb.get("ci95")
     _fill_paired(v, worst)
+    v.batches = list(worst.common)
     v.distance = worst.distance()
     v.agrees = v.distance <= z
     v.worst_j = j
@@ -361,11 +370,46 @@ def check_comparable(a: Result, b: Result) -> None:
             )
 
 
-def compare(measured: Side, expected: Side, counts: bool = True, alike: bool = True) -> list[Verdict]:
+#: the sojourn metrics: on pool nodes the twin's equal the cluster's task by task
+SOJOURNS = ("mean_sojourn", "sojourn_p50", "sojourn_p99")
+
+
+def fixed_by_twin(exp: Experiment, cluster: RawRun | None, twin: RawRun | None) -> dict[str, str]:
+    """The metrics on which the cluster and its twin cannot disagree by the twin's construction, and why.
+
+    On pool nodes (infinite servers) a task is served the moment it arrives, for its own work over its
+    node's speed, whatever else the node holds. The twin places every completed task at its node when the
+    cluster did (its measured legs) and hands its answer to the client after the cluster's measured
+    delay, so its sojourn is the cluster's, task by task (``analysis/simulator/twin.py``; up to a leg the
+    twin takes as 0 where two clock readings made it a hair negative): the sojourn's mean and quantiles
+    are the cluster's own measurements replayed, not a test of the emulation. That holds when every class
+    is a pool and the two runs hold the same tasks in every batch (a task the cluster did not complete is
+    one the twin serves with median delays: then they may differ). Under FCFS and PS a task's sojourn
+    depends on the others at its node, so the twin can differ there and those rows decide."""
+    if not exp.classes or any(c.discipline != "pool" for c in exp.classes):
+        return {}
+    if cluster is None or twin is None:
+        return {}
+    counts_c = dict(zip(cluster.positions(), map(len, cluster.sojourns), strict=True))
+    counts_t = dict(zip(twin.positions(), map(len, twin.sojourns), strict=True))
+    if any(counts_t.get(b) != n for b, n in counts_c.items()):
+        return {}
+    why = "equal by construction on pool nodes: the twin's sojourn is the task's own service plus its legs"
+    return dict.fromkeys(SOJOURNS, why)
+
+
+def compare(
+    measured: Side,
+    expected: Side,
+    counts: bool = True,
+    alike: bool = True,
+    fixed: Mapping[str, str] | None = None,
+) -> list[Verdict]:
     """Verdicts of ``measured`` against ``expected``, metric by metric in table order: paired when both
     carry batch data of the same window, unpaired otherwise (limit predictions never count). ``alike``:
     the batches are alike in law (constant speeds), so a paired comparison also looks for one that stands
-    apart."""
+    apart. ``fixed``: metrics on which the two cannot disagree by construction (``fixed_by_twin``), and
+    why: compared and shown, not counted."""
     check_comparable(measured.result, expected.result)
     subject = measured.name
     out: list[Verdict] = []
@@ -375,6 +419,7 @@ def compare(measured: Side, expected: Side, counts: bool = True, alike: bool = T
         and paired.pairs_of([measured.raw, expected.raw]) >= 2
     )
     limits = _limit_metrics(expected.result) if expected.name == "theory" else set()
+    unpaired_batches = measured.raw.positions() if measured.raw is not None else None
     for metric in SCALARS:
         counted = counts and metric not in limits
         if is_paired:
@@ -388,6 +433,10 @@ def compare(measured: Side, expected: Side, counts: bool = True, alike: bool = T
                 counted,
             )
             v.subject = subject
+            v.batches = unpaired_batches
+        if fixed and metric in fixed:
+            v.counts, v.by_construction = False, True
+            v.why = "; ".join(w for w in (fixed[metric], v.why) if w)
         if metric in limits:
             v.why = "limit prediction (n -> infinity): for information"
             gap = expected.result.metrics[metric].get("gap")
@@ -407,6 +456,7 @@ def compare(measured: Side, expected: Side, counts: bool = True, alike: bool = T
             floor = theory_tail_floor(measured.result) if expected.name == "theory" else TAIL_FLOOR
             v = compare_tail(name, measured_tail, tails[name], expected.name, counts and not limit, floor)
             v.subject = subject
+            v.batches = unpaired_batches
         if limit:
             v.why += "; limit prediction: for information"
         out.append(v)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -79,6 +80,7 @@ class Paired:
     outlier: int | None = None  # the window position of the batch furthest from the mean (3 pairs or more)
     outlier_gap: float = 0.0  # its own per-batch difference (or log ratio)
     outlier_p: float | None = None  # Grubbs' two-sided p-value for it (None: fewer than 3 pairs)
+    common: tuple[int, ...] = ()  # the window positions of the batches paired
 
     def mean_p(self) -> float | None:
         """The two-sided p-value of the mean's t test (None without an interval)."""
@@ -140,7 +142,7 @@ class Paired:
 
 def positions(raw: RawRun) -> list[int]:
     """The window positions of a run's batches (a cluster run may have left some out)."""
-    return list(raw.batch_of) if raw.batch_of else list(range(raw.batches))
+    return raw.positions()
 
 
 def batch_values(raw: RawRun, metric: str) -> dict[int, float]:
@@ -155,15 +157,17 @@ def batch_values(raw: RawRun, metric: str) -> dict[int, float]:
     return {p: float(n / d) for p, n, d in zip(pos, num, den, strict=True) if d > 0}
 
 
-def batch_table(raw: RawRun) -> dict[str, dict[str, float]]:
-    """Every scalar metric's estimate batch by batch, by window position (``results.json``'s
-    ``batch_values``: what a paired comparison compares, for anyone to recompute it)."""
-    out = {}
+def batch_table(raw: RawRun) -> dict[str, Any]:
+    """Every scalar metric's estimate batch by batch (``results.json``'s ``batch_values``: what a paired
+    comparison compares, for anyone to recompute it): ``batches``, the window positions of the run's
+    batches, and ``values``, per metric one value per batch in that order (null in a batch without one,
+    and for a metric the run does not have), so that every run of a spec has the same keys."""
+    held = positions(raw)
+    values: dict[str, list[float | None]] = {}
     for metric in (*RATIO_METRICS, *QUANTILE_METRICS):
-        values = batch_values(raw, metric)
-        if values:
-            out[metric] = {str(p): v for p, v in sorted(values.items())}
-    return out
+        by_batch = batch_values(raw, metric)
+        values[metric] = [by_batch.get(p) for p in held]
+    return {"batches": held, "values": values}
 
 
 def pair(a: dict[int, float], b: dict[int, float], log_scale: bool, outliers: bool = True) -> Paired | None:
@@ -186,7 +190,15 @@ def pair(a: dict[int, float], b: dict[int, float], log_scale: bool, outliers: bo
     se = float(d.std(ddof=1)) / math.sqrt(n) if n >= 2 else None
     worst, gap, p = grubbs(d) if outliers else (None, 0.0, None)
     return Paired(
-        scale, float(d.mean()), se, max(n - 1, 0), n, None if worst is None else common[worst], gap, p
+        scale,
+        float(d.mean()),
+        se,
+        max(n - 1, 0),
+        n,
+        None if worst is None else common[worst],
+        gap,
+        p,
+        tuple(common),
     )
 
 

@@ -113,10 +113,8 @@ class LegCheck:
             "explained": self.explained,
             "hop_ms": 1e3 * self.machine.hop,
             "timer_ms": 1e3 * self.machine.timer,
-            "probe_samples": {
-                "round_trips": len(self.machine.round_trips),
-                "timers": len(self.machine.timer_lateness),
-            },
+            "round_trips": len(self.machine.round_trips),
+            "timer_samples": len(self.machine.timer_lateness),
             "busy": self.busy,
             "factor": FACTOR,
             "legs": [{**asdict(leg), "ratio": leg.ratio} for leg in self.legs],

@@ -133,12 +133,7 @@ def cluster_raw(
         return raw
     if len(keep) != raw.batches or sum(keep) < 2:
         raise ValueError(f"keep {sum(keep)} of {raw.batches} batches: at least two must remain")
-    mask = np.array(keep, bool)
-    raw.ratios = {k: (num[mask], den[mask]) for k, (num, den) in raw.ratios.items()}
-    raw.sojourns = [s for s, k in zip(raw.sojourns, keep, strict=True) if k]
-    raw.batches = int(mask.sum())
-    raw.batch_of = [b for b, k in enumerate(keep) if k]
-    return raw
+    return raw.only([b for b, k in enumerate(keep) if k])
 
 
 def _all_batches(exp: Experiment, snaps: Sequence[Snapshot], records: Sequence[TaskRecord]) -> RawRun:

@@ -56,13 +56,20 @@ def overhead_of(
     scale: float,
     message_ages: Mapping[str, Sequence[float]],
     rider_ages: Mapping[str, Sequence[float]],
+    kinds: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """``results.json``'s ``overhead`` object."""
+    """``results.json``'s ``overhead`` object. The ages are given for every message kind of ``kinds``
+    (the policy's) and every other kind measured, a kind without messages with count 0, so that every run
+    of a spec has the same keys."""
     legs = {name: _quantiles([_leg(r, name) for r in records], scale) for name in LEGS}
+
+    def by_kind(ages: Mapping[str, Sequence[float]]) -> dict[str, Any]:
+        return {k: _quantiles(ages.get(k, ()), scale) for k in sorted({*kinds, *ages})}
+
     return {
         "legs": legs,
-        "message_age": {k: _quantiles(v, scale) for k, v in sorted(message_ages.items())},
-        "rider_age": {k: _quantiles(v, scale) for k, v in sorted(rider_ages.items())},
+        "message_age": by_kind(message_ages),
+        "rider_age": by_kind(rider_ages),
         "clock": "CLOCK_MONOTONIC of one machine, shared by every process of the cluster",
     }
 

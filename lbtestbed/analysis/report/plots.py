@@ -390,6 +390,10 @@ def _curves(
     return curves
 
 
+#: how far apart sideways the trade-off plot draws its points at most, a share of the x range
+SPREAD = 0.06
+
+
 def tradeoff(
     directory: Path,
     points: Sequence[tuple[dict[str, str], Result]],
@@ -419,6 +423,11 @@ def tradeoff(
     groups = _groups(points, policy_key)
     x_all = [r.metrics["messages_per_task"]["value"] or 0.0 for _, r in points]
     span = (max(x_all) - min(x_all)) or 1.0
+    # every point (policy and setting) a little apart sideways, within SPREAD of the x range: equal message
+    # counts (0 for every policy that sends none; JIQ's one token per task at two loads) with equal values
+    # do not put one point on another
+    slots = max(1, len(_groups(points, policy_key)) * max(1, len(combos)))
+    step = min(0.01, SPREAD / max(1, slots - 1)) * span
     policy_handles = []
     for ax, y_key in zip(axes[0], y_keys, strict=True):
         ys_all: list[float] = []
@@ -432,10 +441,12 @@ def tradeoff(
             ]
             if not shown:
                 continue
-            # policies a little apart sideways (1% of the x range each): equal message counts (0 for every
-            # policy that sends none) do not put one policy's points and intervals on another's
-            shift = (i - (len(groups) - 1) / 2) * 0.01 * span
-            xs = [r.metrics["messages_per_task"]["value"] + shift for _, r in shown]
+
+            def shift(s: dict[str, str], i: int = i) -> float:
+                j = combos.index(label({o: s[o] for o in others})) if others else 0
+                return (i * max(1, len(combos)) + j - (slots - 1) / 2) * step
+
+            xs = [r.metrics["messages_per_task"]["value"] + shift(s) for s, r in shown]
             ys = [r.metrics[y_key]["value"] for _, r in shown]
             xe = [r.metrics["messages_per_task"].get("ci95") or 0.0 for _, r in shown]
             ye = [r.metrics[y_key].get("ci95") or 0.0 for _, r in shown]
@@ -463,7 +474,9 @@ def tradeoff(
         if _spans_decades(ys_all):
             ax.set_yscale("log")
             _log_axis(ax.yaxis, min(ys_all) / 1.3, max(ys_all) * 1.3)
-        ax.set_xlabel("state messages per task (policies drawn 1% of the range apart)", fontsize=8)
+        ax.set_xlabel(
+            f"state messages per task (points drawn up to {100 * SPREAD:g}% of the range apart)", fontsize=8
+        )
         ylabel = {
             "utility": "utility per node",
             "mean_sojourn": "mean sojourn (model s)",
@@ -553,6 +566,11 @@ def against(
     return _save(fig, directory / f"against_{key.replace('.', '_')}.png")
 
 
+#: the fault windows of faults.png: grey, each its own hatching
+BAND_GREY, BAND_EDGE = (0.5, 0.5, 0.5, 0.12), (0.45, 0.45, 0.45, 0.6)
+HATCHES = ("//", "\\\\", "xx", "..", "++", "--")
+
+
 def fault_timeline(
     directory: Path,
     end: float,
@@ -579,19 +597,27 @@ def fault_timeline(
     for a in actions:
         w = windows.setdefault(int(a["fault"]), {"kind": a["kind"], "nodes": a.get("nodes") or []})
         w[a["action"]] = float(a["model_time"])
-    colors = iter(["tab:purple", "tab:brown", "tab:olive", "tab:cyan", "tab:pink", "tab:gray"])
+    # the fault windows grey, told apart by their hatching, so that no band has the colour of a line (a
+    # band coloured as its nodes' line read as part of it); the nodes' lines in colours of their own
+    colors = iter(["tab:purple", "tab:brown", "tab:olive", "tab:cyan", "tab:pink", "tab:orange"])
     for i, w in sorted(windows.items()):
-        color = next(colors, "tab:gray")
+        nodes = set(w["nodes"])
+        where = f" (nodes {min(nodes)}-{max(nodes)})" if nodes else ""
         ax.axvspan(
-            w.get("start", 0.0), w.get("end", end), color=color, alpha=0.15, label=f"fault {i}: {w['kind']}"
+            w.get("start", 0.0),
+            w.get("end", end),
+            facecolor=BAND_GREY,
+            edgecolor=BAND_EDGE,
+            hatch=HATCHES[i % len(HATCHES)],
+            lw=0.0,
+            label=f"fault {i}: {w['kind']}{where}",
         )
-        if w["nodes"]:
-            nodes = set(w["nodes"])
+        if nodes:
             ax.plot(
                 mid,
                 rate([t for t, k in completed if k in nodes]),
-                color=color,
-                label=f"completed at nodes {min(nodes)}-{max(nodes)}",
+                color=next(colors, "tab:olive"),
+                label=f"completed at nodes {min(nodes)}-{max(nodes)} (fault {i})",
             )
     bad = [t for t, _, _ in failures]
     if bad:

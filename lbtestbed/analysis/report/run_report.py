@@ -15,13 +15,23 @@ from pathlib import Path
 from typing import Any
 
 from lbtestbed.analysis.comparison import paired
-from lbtestbed.analysis.comparison.compare import SCALARS, Side, Verdict, compare, holm, run_agrees
+from lbtestbed.analysis.comparison.compare import (
+    SCALARS,
+    Side,
+    Verdict,
+    compare,
+    fixed_by_twin,
+    holm,
+    run_agrees,
+)
 from lbtestbed.analysis.comparison.representative import Representative, judge
 from lbtestbed.analysis.measurement.legs import FACTOR, LegCheck
 from lbtestbed.analysis.report import plots
+from lbtestbed.analysis.results.provenance import stamped
 from lbtestbed.analysis.results.raw import RawRun
 from lbtestbed.analysis.results.regime import describe
 from lbtestbed.analysis.results.result import Result
+from lbtestbed.analysis.results.text import Fit, paragraph, table
 from lbtestbed.model.conditions import speed_varies
 from lbtestbed.model.experiment import Experiment
 from lbtestbed.policies import CATALOG, policy_of
@@ -86,20 +96,24 @@ class RunReport:
         )
 
     def to_json(self) -> dict[str, Any]:
+        """``results.json``'s object (docs/results.schema.json), opening with its schema's version and
+        the lbtestbed that wrote it (``provenance``)."""
         sources = (self.cluster, self.twin, self.simulation, self.theory)
-        return {
-            "name": self.exp.name,
-            "policy": self.exp.policy.name,
-            "agrees": self.agrees,
-            "faithful": self.faithful,
-            "passed": self.passed,
-            "legs": None if self.legs is None else self.legs.to_json(),
-            "representative": None if self.representative is None else self.representative.to_json(),
-            "results": {r.source: r.to_json() for r in sources if r is not None},
-            "comparison": [v.to_json() for v in self.verdicts],
-            "warnings": self.warnings,
-            **self.context,
-        }
+        return stamped(
+            {
+                "name": self.exp.name,
+                "policy": self.exp.policy.name,
+                "agrees": self.agrees,
+                "faithful": self.faithful,
+                "passed": self.passed,
+                "legs": None if self.legs is None else self.legs.to_json(),
+                "representative": None if self.representative is None else self.representative.to_json(),
+                "results": {r.source: r.to_json() for r in sources if r is not None},
+                "comparison": [v.to_json() for v in self.verdicts],
+                "warnings": self.warnings,
+                **self.context,
+            }
+        )
 
 
 def build(
@@ -123,7 +137,8 @@ def build(
     verdicts: list[Verdict] = []
     alike = speed_varies(exp) is None  # batches alike in law: a batch that stands apart is looked for
     if twin is not None:
-        verdicts += compare(cluster, twin, counts=True, alike=alike)
+        fixed = fixed_by_twin(exp, cluster.raw, twin.raw)
+        verdicts += compare(cluster, twin, counts=True, alike=alike, fixed=fixed)
     if simulation is not None:
         verdicts += compare(cluster, simulation, counts=twin is None, alike=alike)
         if twin is not None:
@@ -160,7 +175,7 @@ def _num(v: float | None, ci: float | None = None) -> str:
     text = f"{v:.5g}"
     if ci is None:
         return text
-    return f"{text} (all batches)" if ci == 0 else f"{text} ± {ci:.2g}"
+    return f"{text} (every batch)" if ci == 0 else f"{text} ± {ci:.2g}"
 
 
 def _gap(v: Verdict | None) -> str:
@@ -168,16 +183,16 @@ def _gap(v: Verdict | None) -> str:
     if v is None or v.agrees is None:
         return "-"
     if v.difference == 0 and not v.difference_ci95 and not v.relative_ci95:
-        return "0 (all batches)"
+        return "0 (every batch)"
     if v.relative is not None:
         if v.relative_ci95 == 0:
-            return f"{100 * v.relative:+.2g}% (all batches)"
+            return f"{100 * v.relative:+.2g}% (every batch)"
         ci = "" if v.relative_ci95 is None else f" ± {100 * v.relative_ci95:.2g}%"
         return f"{100 * v.relative:+.2g}%{ci}"
     if v.difference is None:
         return "-"
     if v.difference_ci95 == 0:
-        return f"{v.difference:+.3g} (all batches)"
+        return f"{v.difference:+.3g} (every batch)"
     ci = "" if v.difference_ci95 is None else f" ± {v.difference_ci95:.2g}"
     return f"{v.difference:+.3g}{ci}"
 
@@ -185,6 +200,8 @@ def _gap(v: Verdict | None) -> str:
 def _word(v: Verdict | None) -> str:
     if v is None:
         return "-"
+    if v.by_construction and v.agrees is not None:
+        return f"({v.word}, by construction)"
     return v.word if v.counts or v.agrees is None else f"({v.word})"
 
 
@@ -205,17 +222,72 @@ def _at(v: Verdict | None, j: int | None, cell: str) -> str:
     return f"see j={v.worst_j}"
 
 
+def _ranges(positions: Sequence[int]) -> str:
+    """Window positions as ranges: ``0-2, 5, 9-11``."""
+    out: list[str] = []
+    for p in sorted(positions):
+        if out and out[-1].rpartition("-")[2] == str(p - 1):
+            out[-1] = f"{out[-1].partition('-')[0]}-{p}"
+        else:
+            out.append(str(p))
+    return ", ".join(out)
+
+
+def batch_cell(verdicts: Sequence[Verdict | None], window: int) -> str:
+    """The batches a row's comparisons are over, ``7 of 20``; where they differ (they should not: every
+    source is cut to the cluster's batches), each set's size."""
+    sets = dict.fromkeys(
+        tuple(v.batches) for v in verdicts if v is not None and v.batches is not None and v.agrees is not None
+    )
+    return " / ".join(f"{len(b)} of {window}" for b in sets) or "-"
+
+
+def batch_note(rep: RunReport) -> str | None:
+    """Which batches the rows are over, and why the others are left out; None when every row is over the
+    whole window."""
+    info = rep.cluster.extras.get("batches")
+    if not info or len(info["kept"]) == info["window"]:
+        return None
+    kept, window = info["kept"], info["window"]
+    why = []
+    if info["faults"]:
+        why.append(f"{len(info['faults'])} touched by a fault or its settling ({_ranges(info['faults'])})")
+    if info["unanswered"]:
+        why.append(
+            f"{len(info['unanswered'])} with a scrape unanswered at an end ({_ranges(info['unanswered'])})"
+        )
+    return (
+        f"Every column of every row is over the same {len(kept)} of {window} batches ({_ranges(kept)}); "
+        f"{window - len(kept)} left out: {', '.join(why)}."
+    )
+
+
 def comparison_rows(rep: RunReport) -> list[list[str]]:
     """One row per metric. With a twin: cluster, twin, the paired gap and its verdict, the simulation and
     the network's cost (twin against simulation), theory. Without: cluster, simulation, verdict, theory.
     An occupancy tail is compared at every level and shown at the worst one, ``occupancy_tail[c] at j=J``,
     every source's value at that J: one row per distinct worst level of its comparisons, each verdict in
-    the row of its own."""
+    the row of its own. Where the run left batches out (faults), a ``batches`` column says how many of
+    the window's every row is over (``batch_note`` says which)."""
+    rows = _all_rows(rep)
+    if batch_note(rep) is None and not any("/" in r[2] for r in rows[1:]):
+        rows = [r[:2] + r[3:] for r in rows]  # the whole window everywhere: nothing to say per row
+    return rows
+
+
+def _window(rep: RunReport) -> int:
+    """The batches of the measured window."""
+    info = rep.cluster.extras.get("batches")
+    return int(info["window"]) if info else rep.exp.run.batches
+
+
+def _all_rows(rep: RunReport) -> list[list[str]]:
     twin = rep.twin is not None
     if twin:
-        head = ["metric", "unit", "cluster", "twin", "cluster-twin", "verdict", "simulation", "net cost"]
+        head = ["metric", "unit", "batches", "cluster", "twin", "cluster-twin", "verdict", "simulation"]
+        head.append("net cost")
     else:
-        head = ["metric", "unit", "cluster", "simulation", "cluster-sim", "verdict"]
+        head = ["metric", "unit", "batches", "cluster", "simulation", "cluster-sim", "verdict"]
     rows = [[*head, "theory", "sim vs theory" if twin else "verdict"]]
     metrics = [*SCALARS, *(f"occupancy_tail[{c.name}]" for c in rep.exp.classes)]
     for metric in metrics:
@@ -242,7 +314,8 @@ def comparison_rows(rep: RunReport) -> list[list[str]]:
             if cluster in ("-", "see plot") and not any(v.expected is not None for v in known):
                 continue
             label = metric if j is None else f"{metric} at j={j}"
-            cells = [label, TAIL_UNIT if tail else UNITS.get(metric, ""), cluster]
+            batches = batch_cell((main, cost, theory), _window(rep))
+            cells = [label, TAIL_UNIT if tail else UNITS.get(metric, ""), batches, cluster]
             if twin:
                 cells += [_value(rep.twin, metric, j), _at(main, j, _gap(main)), _at(main, j, _word(main))]
                 cells += [_value(rep.simulation, metric, j), cost_cell]
@@ -319,15 +392,11 @@ def cost_sentence(rep: RunReport) -> str | None:
     )
 
 
-def table(rows: list[list[str]], markdown: bool = False) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    if markdown:
-        lines = ["| " + " | ".join(rows[0]) + " |", "|" + "|".join("---" for _ in rows[0]) + "|"]
-        lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
-        return "\n".join(lines)
-    lines = ["  ".join(c.ljust(w) for c, w in zip(rows[0], widths, strict=True)).rstrip()]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows[1:]]
+def markdown_table(rows: list[list[str]]) -> str:
+    """``rows`` (the header first) as a Markdown table, for report.md and sweep.md (a terminal's tables
+    go through ``results.text.table``, which fits them to its width)."""
+    lines = ["| " + " | ".join(rows[0]) + " |", "|" + "|".join("---" for _ in rows[0]) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
     return "\n".join(lines)
 
 
@@ -377,7 +446,8 @@ def faithful_line(rep: RunReport) -> str:
 #: printed under the table: what a comparison is, and which rows do not count
 COUNTING = (
     "A comparison is one metric (an occupancy tail is one, over all its levels) between two sources; "
-    "verdicts in brackets are for information and do not count."
+    "verdicts in brackets are for information and do not count, nor do rows the twin cannot differ on "
+    '"by construction" (docs/run.md, "Which rows decide").'
 )
 
 
@@ -387,16 +457,28 @@ def _dispatchers(e: Experiment) -> str:
     return "dispatchers=1" if k == 1 else f"dispatchers={k} (split {e.policy.split})"
 
 
-def terminal(rep: RunReport) -> str:
+#: the terminal table's columns left out first when it is wider than the terminal (for information, or
+#: said again under the table), and the ones whose cells may wrap
+OPTIONAL_COLUMNS = ("unit", "theory", "simulation", "net cost", "batches")
+WRAPPING_COLUMNS = ("metric", "verdict", "sim vs theory")
+
+
+def terminal(rep: RunReport, fit: Fit = Fit()) -> str:  # noqa: B008 (frozen)
+    """The comparison on a terminal of ``fit.width`` characters (every column with ``fit.wide``), the
+    lines under it wrapped to that width."""
     e = rep.exp
-    lines = [
+    head = (
         f"{e.name}  policy={e.policy.name}  n={e.n}  {_dispatchers(e)}  load={e.workload.load:.4g}  "
-        f"time_scale={e.run.time_scale:g}",
+        f"time_scale={e.run.time_scale:g}"
+    )
+    lines = [
+        paragraph(head, fit),
         "",
-        table(comparison_rows(rep)),
+        table(comparison_rows(rep), fit, wrap=WRAPPING_COLUMNS, drop=OPTIONAL_COLUMNS),
         "",
-        COUNTING,
-        headline(rep),
+        *([paragraph(note, fit)] if (note := batch_note(rep)) else []),
+        paragraph(COUNTING, fit),
+        paragraph(headline(rep), fit),
     ]
     return "\n".join(lines)
 
@@ -413,7 +495,7 @@ def _messages_table(rep: RunReport) -> str:
             m = r.metrics["messages_per_task"]
             cells.append(_num(m["by_kind"].get(k), (m.get("by_kind_ci95") or {}).get(k)))
         rows.append(cells)
-    return table(rows, markdown=True)
+    return markdown_table(rows)
 
 
 def _faults_section(rep: RunReport) -> list[str]:
@@ -462,7 +544,7 @@ def _faults_section(rep: RunReport) -> list[str]:
     return [
         "## Faults",
         "",
-        table(rows, markdown=True),
+        markdown_table(rows),
         "",
         f"Times in model seconds from the start of the load; in brackets the delay after the fault began "
         f"or ended (heartbeat every {e.health.heartbeat:g} s wall, timeout {e.health.timeout:g} s wall "
@@ -532,7 +614,7 @@ def _time_section(rep: RunReport) -> list[str]:
     return [
         "## Where the time goes",
         "",
-        table(rows, markdown=True),
+        markdown_table(rows),
         "",
         "Every leg is a difference of two readings of the machine's monotonic clock, which all the "
         'cluster\'s processes share (docs/run.md, "Where the time goes"); `tasks.csv` has them per task.',
@@ -556,7 +638,7 @@ def _legs_section(rep: RunReport) -> list[str]:
     return [
         "### Each leg against the machine",
         "",
-        table(rows, markdown=True),
+        markdown_table(rows),
         "",
         f"The machine meanwhile: one hop {1e3 * m.hop:.2g} ms (half the p50 of {len(m.round_trips)} echoes "
         f"of a bare probe beside the cluster), one timer wake-up {1e3 * m.timer:.2g} ms late (p50 of "
@@ -581,7 +663,7 @@ def _cpu_section(rep: RunReport) -> list[str]:
     return [
         "## What a task costs in CPU",
         "",
-        table(rows, markdown=True),
+        markdown_table(rows),
         "",
         f"Over the {cpu['tasks']:.0f} tasks the dispatchers accepted in the window: each process's "
         "`process_cpu_seconds_total` at the window's ends (the generator: this run's own process, its "
@@ -598,8 +680,9 @@ def markdown(rep: RunReport, images: Sequence[Path]) -> str:
         "",
         f"**{headline(rep)}**",
         "",
-        table(comparison_rows(rep), markdown=True),
+        markdown_table(comparison_rows(rep)),
         "",
+        *([note, ""] if (note := batch_note(rep)) else []),
         COUNTING,
         "",
         _explanation(rep),

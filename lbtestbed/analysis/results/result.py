@@ -159,7 +159,10 @@ def summarize(exp: Experiment, raws: Sequence[RawRun], source: str = "simulation
             for k, v in r.r_time.items():
                 total[k] = total.get(k, 0.0) + v
         whole = sum(total.values())
-        metrics[learned_name(exp)]["time_fraction"] = {str(k): v / whole for k, v in sorted(total.items())}
+        # a list, not a mapping keyed by the values seen: its keys would change from run to run
+        metrics[learned_name(exp)]["time_fraction"] = [
+            {"value": k, "fraction": v / whole} for k, v in sorted(total.items())
+        ]
     metrics = {k: metrics[k] for k in METRICS}
 
     decisions: dict[str, int] = {}

@@ -6,6 +6,7 @@ from typing import Any
 
 from lbtestbed.analysis.results.regime import describe
 from lbtestbed.analysis.results.result import METRICS, Result
+from lbtestbed.analysis.results.text import Fit, paragraph, table
 from lbtestbed.model.experiment import Experiment
 from lbtestbed.policies import CATALOG
 
@@ -31,8 +32,9 @@ def _part(label: str, total: dict[str, Any], part: dict[str, Any], theory: bool)
     return _row(label, part)
 
 
-def render(result: Result) -> str:
-    """The result as aligned text: headline metrics, messages by kind, occupancy tails."""
+def render(result: Result, fit: Fit = Fit()) -> str:  # noqa: B008 (frozen)
+    """The result as aligned text: headline metrics, messages by kind, occupancy tails, fitted to
+    ``fit`` (the terminal's width)."""
     m = result.metrics
     theory = result.source == "theory"
     rows: list[list[str]] = [["metric", "value", "regime" if theory else "95% CI"]]
@@ -54,38 +56,41 @@ def render(result: Result) -> str:
     for learned in CATALOG.learned():
         fr = m.get(learned.name, {}).get("time_fraction")
         if fr:
-            top = sorted(fr.items(), key=lambda kv: -kv[1])[:4]
-            rows.append(
-                [f"  time at {learned.name}", ", ".join(f"{k}: {v:.3f}" for k, v in top), "share of time"]
-            )
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+            top = sorted(fr, key=lambda e: -e["fraction"])[:4]
+            shares = ", ".join(f"{e['value']:g}: {e['fraction']:.3f}" for e in top)
+            rows.append([f"  time at {learned.name}", shares, "share of time"])
     lines = [
-        f"{result.name}  policy={result.policy}  source={result.source}  n={result.context.get('n')}  "
-        f"load={_fmt(result.context.get('load'), 4)}"
+        paragraph(
+            f"{result.name}  policy={result.policy}  source={result.source}  n={result.context.get('n')}  "
+            f"load={_fmt(result.context.get('load'), 4)}",
+            fit,
+        ),
+        table(rows, fit, wrap=(rows[0][0], rows[0][2])),
+        "",
+        paragraph("occupancy tail: fraction of a class's nodes holding at least j tasks", fit),
     ]
-    for i, r in enumerate(rows):
-        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
-        if i == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    lines.append("")
-    lines.append("occupancy tail: fraction of a class's nodes holding at least j tasks")
     withheld = _withheld(result, "occupancy_tail")
     for name, tail in m["occupancy_tail"].items():
         cells = [f"{j}:{e['value']:.4f}" for j, e in enumerate(tail) if e["value"] is not None][1:]
         if not cells:  # say why rather than print nothing
             why = withheld.get(name) or withheld.get("") or "no value"
-            lines.append(f"  {name:<10} none: {why}")
+            lines.append(paragraph(f"{name:<10} none: {why}", fit, "  ", " " * 11))
             continue
         kind = f" ({tail[0]['regime']})" if theory and tail and tail[0].get("regime") else ""
-        lines.append(f"  {name:<10} " + " ".join(cells[:16]) + (" ..." if len(cells) > 16 else "") + kind)
+        text = f"{name:<10} " + " ".join(cells[:16]) + (" ..." if len(cells) > 16 else "") + kind
+        lines.append(paragraph(text, fit, "  ", " " * 11))
     decisions = result.extras.get("decisions")
     if decisions:
         total = sum(decisions.values())
-        lines.append("decisions: " + ", ".join(f"{k} {v / total:.4f}" for k, v in sorted(decisions.items())))
+        shares = ", ".join(f"{k} {v / total:.4f}" for k, v in sorted(decisions.items()))
+        lines.append(paragraph(f"decisions: {shares}", fit))
     if result.extras.get("censored_tasks"):
         lines.append(
-            f"warning: {result.extras['censored_tasks']} measured tasks had not completed when the "
-            "simulation stopped; their sojourn times are missing"
+            paragraph(
+                f"warning: {result.extras['censored_tasks']} measured tasks had not completed when the "
+                "simulation stopped; their sojourn times are missing",
+                fit,
+            )
         )
     return "\n".join(lines)
 
@@ -113,26 +118,29 @@ def show(value: Any) -> str:
     return str(value)
 
 
-def render_notes(result: Result) -> str:
-    """Bounds and the note behind every predicted (or withheld) metric."""
+def render_notes(result: Result, fit: Fit = Fit()) -> str:  # noqa: B008 (frozen)
+    """Bounds and the note behind every predicted (or withheld) metric, each wrapped to ``fit.width``
+    with its continuation lines indented."""
     lines = []
     bounds = result.extras.get("bounds") or {}
     if bounds:
         lines.append("bounds:")
         for key, value in bounds.items():
-            lines.append(f"  {key}: {show(value)}")
+            lines.append(paragraph(f"{key}: {show(value)}", fit, "  ", "    "))
     for warning in result.extras.get("warnings", []):
-        lines.append(f"warning: {warning}")
+        lines.append(paragraph(f"warning: {warning}", fit))
     lines.append("notes:")
     for note in result.extras.get("notes", []):
         if "null" in note:
-            lines.append(f"  {note['metric']}: null - {note['null']}")
+            lines.append(paragraph(f"{note['metric']}: null - {note['null']}", fit, "  ", "    "))
         else:
             assumes = f" [assumes: {'; '.join(note['assumes'])}]" if note.get("assumes") else ""
             regime = f" [{note['regime']}]" if note.get("regime") else ""
-            lines.append(f"  {note['metric']}: {note['formula']} ({note['source']}){assumes}{regime}")
+            text = f"{note['metric']}: {note['formula']} ({note['source']}){assumes}{regime}"
+            lines.append(paragraph(text, fit, "  ", "    "))
             if note.get("limit"):
-                lines.append(f"    limit: {note['limit']['formula']} ({note['limit']['source']})")
+                limit = f"limit: {note['limit']['formula']} ({note['limit']['source']})"
+                lines.append(paragraph(limit, fit, "    ", "    "))
     return "\n".join(lines)
 
 
