@@ -23,9 +23,9 @@ only when its gap is also large (``BATCH_GAP``, 10 %): a twin replays most batch
 parts from the cluster in a few by the chaos of queueing (once a decision falls the other way, the rest of
 the batch differs by a few percent), so the gaps are mostly zero with rare small jumps, far from normal,
 and Grubbs' test alone would call those jumps outliers. Grubbs' test needs
-batches alike in law; where the spec's node speeds change over time (schedules, antagonists, slow faults)
-a batch that holds a slowdown is noisier than the others by nature, and the check is left out
-(``outliers=False``).
+batches alike in law; where the spec's node speeds change over time (schedules, antagonists) or faults are
+injected (a system recovering from one is not like itself elsewhere) a batch is noisier than the others by
+nature, and the check is left out (``outliers=False``).
 
 Two runs that made the very same decisions (a twin that replayed every one) still sum their integrals in
 another order, so their batch values can differ in the last digits. A per-batch gap within ``ROUNDING`` of

@@ -135,7 +135,9 @@ def build(
         if side is not None and side.raw is not None:
             side.result.extras["batch_values"] = paired.batch_table(side.raw)
     verdicts: list[Verdict] = []
-    alike = speed_varies(exp) is None  # batches alike in law: a batch that stands apart is looked for
+    # batches alike in law (constant speeds, no faults: a system recovering from one is not like itself
+    # elsewhere, its settling aside), so that a batch that stands apart is looked for
+    alike = speed_varies(exp) is None and not exp.faults
     if twin is not None:
         fixed = fixed_by_twin(exp, cluster.raw, twin.raw)
         verdicts += compare(cluster, twin, counts=True, alike=alike, fixed=fixed)
