@@ -136,7 +136,8 @@ def calibrate(rate: float = 600.0, seconds: float = 2.5) -> Calibration:
     costs: dict[str, list[float]] = {}
     overhead = math.nan
     with tempfile.TemporaryDirectory(prefix="lbt-calibrate-") as tmp:
-        for name, policy in (("random", 'name = "random"'), ("probes", 'name = "power_of_d"\nd = 2')):
+        # a policy without messages, then one that probes: the probe's cost is their difference
+        for name, policy in (("plain", 'name = "random"'), ("probes", 'name = "power_of_d"\nd = 2')):
             spec = Path(tmp) / "spec.toml"
             spec.write_text(pools_spec(rate, seconds, scale, policy))
             exp = load_spec(spec)
@@ -160,9 +161,9 @@ def calibrate(rate: float = 600.0, seconds: float = 2.5) -> Calibration:
                 max(0.0, 1e6 * (c - b - i * (t2 - t1)) / n) for b, c, i in zip(idle1, busy, idle, strict=True)
             ]
             costs[name] = cpu
-            if name == "random":
+            if name == "plain":
                 overhead = 1e3 * scale * float(np.median([r.sojourn - r.stay for r in report.records]))
-    d_random, n_random, g_random = costs["random"]
+    d_random, n_random, g_random = costs["plain"]
     d_probe, n_probe, _ = costs["probes"]
     probe = max(0.0, (d_probe - d_random + n_probe - n_random) / 2)
     # the overhead was measured with the busiest process busy u: the idle latency is that times (1 - u)
