@@ -218,10 +218,11 @@ def table(n: int, reps: int, seed: int) -> None:
             for scheme in ("async", "sync", "jiq"):
                 if scheme == "jiq" and m > 1:
                     continue
-                # warm up over ten update intervals (or periods), and measure over twenty, at least 30 and 100
+                # warm up over ten update intervals (or periods) and at least 400 (near load 1 the queues take
+                # hundreds of service times to build up from empty); measure over twenty, at least 200
                 interval = 1.0 / (m * load)
                 res = replicate(
-                    scheme, n, load, m, max(30.0, 10 * interval), max(100.0, 20 * interval), seed, reps
+                    scheme, n, load, m, max(400.0, 10 * interval), max(200.0, 20 * interval), seed, reps
                 )
                 f = fluid[scheme](load, m)
                 (w, dw), (p, dp) = res["mean_sojourn"], res["wait"]

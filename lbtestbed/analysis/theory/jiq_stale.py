@@ -173,6 +173,10 @@ def _mean_field(ratio: float, load: float, d: int, dispatchers: int | None) -> t
 
     # bracket the root from Lu et al.'s value outwards (near 0 or 1 the node's chain needs huge cuts)
     lo = hi = occupied_iqueues(ratio, load, d)
+    if 1.0 - lo < 1e-9:
+        # a token at every dispatcher all but always (1 - rho is then below what the equation resolves):
+        # no random tasks, a node's idle time is its token's wait 1 / theta, and busy fraction load fixes it
+        return lo, _node_law(load, lo, load / (1.0 - load), dispatchers, cuts)
     if excess(lo) > 0:
         while excess(hi) > 0:
             lo, hi = hi, 1.0 - (1.0 - hi) / 2
@@ -386,36 +390,36 @@ def finite(n: int, dispatchers: int, load: float, d: int = 1) -> JIQValues:
     state is (idle nodes I, waiting tasks X); two closures, both from the product form of a reversible chain
     (docs/theory.md): the tokens lie at the dispatchers with every composition equally likely (JIQ-Random;
     JIQ-SQ(d) solves its split exactly instead), and the waiting tasks lie on the busy nodes likewise. The
-    tokens beyond one per idle node and the chance that a token is stale come from the node's mean field at
-    this K (``limit``'s chain with the corrections for K). With one dispatcher nothing is stale and the
-    chain is JIQ's own, up to the second closure. Source: derived here (docs/theory.md, "JIQ with K
-    dispatchers: stale tokens"). Times in units of the mean service time."""
+    tokens beyond one per idle node and the chance that a token is stale come from the node's chain at this
+    K (``limit``'s, with the corrections for K) in the environment the chain finds, the two solved in turn
+    until they agree. With one dispatcher nothing is stale and the chain is JIQ's own, up to the second
+    closure. JIQ-SQ(d) is solved for at most ``SQ_SPLIT_MAX`` dispatchers. Source: derived here
+    (docs/theory.md, "JIQ with K dispatchers: stale tokens"). Times in units of the mean service time."""
     _check(load, d)
     if n < 1 or dispatchers < 1 or d > dispatchers:
         raise ValueError(f"JIQ needs n >= 1 and 1 <= d <= K, got n={n!r}, K={dispatchers!r}, d={d!r}")
     K = dispatchers
-    extra, stale, multi = 0.0, 0.0, 0.0
-    if K > 1:
-        _, law = _mean_field(n / K, load, d, K)
-        tokens_out = float(np.arange(law.pi.shape[1]) @ law.pi.sum(axis=0))
-        extra = n * (tokens_out - float(law.pi[0].sum()))  # tokens beyond one per idle node
-        stale, multi = _values_of_node(law, load, d).stale_share, n * float(law.pi[2:].sum())
     # the idle count stays within a few of its binomial-like spread around n (1 - load)
     spread = 8 * math.sqrt(n * load * (1 - load) + 1) + 10
-    box = _Box(
-        max(0, math.floor(n * (1 - load) - spread)), min(n, math.ceil(n * (1 - load) + spread)), 16 + n // 8
-    )
-    split = _split(n, K, load, d, extra, multi, box.top_i)
-    while True:
-        vals, edge_i, edge_x = _chain_values(n, load, split, extra, stale, box)
-        wide = edge_i > EDGE and (box.low_i > 0 or box.top_i < n)
-        if not wide and edge_x <= EDGE:
+    low, top = max(0, math.floor(n * (1 - load) - spread)), min(n, math.ceil(n * (1 - load) + spread))
+    box = _Box(low, top, 16 + n // 8)
+    node = _NodeTerms(0.0, 0.0, 0.0)
+    if K > 1:  # to start with, the node's own mean field (Lu et al.'s token queues)
+        node = _node_terms(n, _mean_field(n / K, load, d, K)[1], load, d)
+    cuts = _Cuts()
+    for _ in range(50):
+        vals, box = _solve_chain(n, K, load, d, node, box)
+        if K == 1:
             break
-        if wide:
-            box = _Box(box.low_i // 2, min(n, 2 * box.top_i), box.top_x)
-            split = _split(n, K, load, d, extra, multi, box.top_i)
-        if edge_x > EDGE:
-            box = _Box(box.low_i, box.top_i, 2 * box.top_x)
+        # the node in the environment the chain finds: its token share, and each token used at the rate
+        # tokens are used (load n share) over the tokens held (n (1 - load) idle nodes' and the extra ones)
+        share = vals[2]
+        theta = load * n * share / (n * (1 - load) + node.extra)
+        new = _node_terms(n, _node_law(load, share, theta, K, cuts), load, d)
+        done = abs(new.stale - node.stale) <= 1e-9 and abs(new.extra - node.extra) <= 1e-7 * n
+        node = new
+        if done:
+            break
     tasks, wait, share, stale_share, tokens = vals
     return JIQValues(
         mean_sojourn=tasks / load,
@@ -426,6 +430,42 @@ def finite(n: int, dispatchers: int, load: float, d: int = 1) -> JIQValues:
         tokens_per_task=tokens,
         messages_per_task=tokens * (1 + 2 * d if d > 1 else 1),
     )
+
+
+@dataclass(frozen=True)
+class _NodeTerms:
+    """What the node's mean field gives the chain: the tokens beyond one per idle node (in all), the chance
+    that a token used points to a busy node, and the nodes holding two tasks or more (in all)."""
+
+    extra: float
+    stale: float
+    multi: float
+
+
+def _node_terms(n: int, law: _NodeLaw, load: float, d: int) -> _NodeTerms:
+    tokens_out = float(np.arange(law.pi.shape[1]) @ law.pi.sum(axis=0))
+    return _NodeTerms(
+        extra=n * (tokens_out - float(law.pi[0].sum())),
+        stale=_values_of_node(law, load, d).stale_share,
+        multi=n * float(law.pi[2:].sum()),
+    )
+
+
+def _solve_chain(
+    n: int, K: int, load: float, d: int, node: _NodeTerms, box: _Box
+) -> tuple[tuple[float, ...], _Box]:
+    """The chain's values, its cuts widened until the mass at its edges is below ``EDGE``."""
+    split = _split(n, K, load, d, node.extra, node.multi, box.top_i)
+    while True:
+        vals, edge_i, edge_x = _chain_values(n, load, split, node.extra, node.stale, box)
+        wide = edge_i > EDGE and (box.low_i > 0 or box.top_i < n)
+        if not wide and edge_x <= EDGE:
+            return vals, box
+        if wide:
+            box = _Box(box.low_i // 2, min(n, 2 * box.top_i), box.top_x)
+            split = _split(n, K, load, d, node.extra, node.multi, box.top_i)
+        if edge_x > EDGE:
+            box = _Box(box.low_i, box.top_i, 2 * box.top_x)
 
 
 def _split(n: int, K: int, load: float, d: int, extra: float, multi: float, top_i: int) -> Split:
