@@ -416,7 +416,7 @@ def finite(n: int, dispatchers: int, load: float, d: int = 1) -> JIQValues:
         share = vals[2]
         theta = load * n * share / (n * (1 - load) + node.extra)
         new = _node_terms(n, _node_law(load, share, theta, K, cuts), load, d)
-        done = abs(new.stale - node.stale) <= 1e-9 and abs(new.extra - node.extra) <= 1e-7 * n
+        done = abs(new.stale - node.stale) <= 1e-7 and abs(new.extra - node.extra) <= 1e-6 * n
         node = new
         if done:
             break
@@ -461,11 +461,11 @@ def _solve_chain(
         wide = edge_i > EDGE and (box.low_i > 0 or box.top_i < n)
         if not wide and edge_x <= EDGE:
             return vals, box
-        if wide:
-            box = _Box(box.low_i // 2, min(n, 2 * box.top_i), box.top_x)
+        if wide:  # by half again: each solve costs about the cube of the cut in I
+            box = _Box(box.low_i // 2, min(n, box.top_i + box.top_i // 2), box.top_x)
             split = _split(n, K, load, d, node.extra, node.multi, box.top_i)
         if edge_x > EDGE:
-            box = _Box(box.low_i, box.top_i, 2 * box.top_x)
+            box = _Box(box.low_i, box.top_i, box.top_x + box.top_x // 2)
 
 
 def _split(n: int, K: int, load: float, d: int, extra: float, multi: float, top_i: int) -> Split:
