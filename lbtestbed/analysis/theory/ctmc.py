@@ -48,6 +48,8 @@ DIRECT_FILL = 15_000_000
 #: the relative truncation error aimed at; a value whose estimate stays above MAX_ERROR is not used
 TOLERANCE = 1e-4
 MAX_ERROR = 1e-2
+#: chains up to this many states are reduced from a dense copy of their generator
+SMALL_DENSE = 2000
 #: the policies the chain models
 POLICIES = ("jsq", "jiq", "power_of_d", "random")
 
@@ -178,7 +180,15 @@ def _generator(model: Model, K: int) -> tuple[np.ndarray, Any, np.ndarray]:
 def stationary(m: np.ndarray, q: Any) -> np.ndarray:
     """pi with pi Q = 0 for the off-diagonal generator ``q``, whose transitions change the total number of
     tasks by one, so that the levels of the total make Q block-tridiagonal with diagonal blocks."""
-    total = m @ np.arange(m.shape[1])
+    return stationary_by_level(m @ np.arange(m.shape[1]), q)
+
+
+def stationary_by_level(level: np.ndarray, q: Any) -> np.ndarray:
+    """pi with pi Q = 0 for the off-diagonal generator ``q`` of any chain whose transitions move the integer
+    ``level`` of a state (e.g. its total number of tasks) by exactly one up or down; the lowest level present
+    is numbered 0 here, so any integer levels will do."""
+    total = np.asarray(level, dtype=np.int64)
+    total = total - total.min()
     order = np.argsort(total, kind="stable")
     q = q[order][:, order].tocsr()
     sizes = np.bincount(total)
@@ -197,8 +207,11 @@ def _level_reduction(q: Any, starts: np.ndarray) -> np.ndarray:
     censored level's generator gets its diagonal as minus the sum of its rates (GTH), so no pivot is a
     difference of nearly equal numbers; then pi rises from the empty state level by level."""
     L = len(starts) - 1
+    small = q.toarray() if q.shape[0] <= SMALL_DENSE else None  # slicing a sparse matrix costs more there
 
     def block(i: int, j: int) -> np.ndarray:
+        if small is not None:
+            return small[starts[i] : starts[i + 1], starts[j] : starts[j + 1]]
         return q[starts[i] : starts[i + 1], starts[j] : starts[j + 1]].toarray()
 
     lift: list[np.ndarray] = [np.zeros((0, 0))] * L  # lift[i] = Q_{i,i+1} (-C_{i+1})^(-1)
@@ -211,10 +224,30 @@ def _level_reduction(q: Any, starts: np.ndarray) -> np.ndarray:
         up = block(i - 1, i)
         lift[i - 1] = np.linalg.solve(-c.T, up.T).T
         within = lift[i - 1] @ down
-    pi = [np.ones(1)]
+    pi = [
+        gth_stationary(within)
+    ]  # the lowest level, censored: one state for a chain of tasks (the empty one)
     for i in range(L - 1):
         pi.append(pi[-1] @ lift[i])
     x = np.clip(np.concatenate(pi), 0.0, None)
+    return x / x.sum()
+
+
+def gth_stationary(rates: np.ndarray) -> np.ndarray:
+    """The stationary law of a small chain given its off-diagonal ``rates`` (irreducible), by the GTH rule:
+    states are eliminated from the last, each pivot being the sum of the rates out of it."""
+    a = np.array(rates, dtype=float)
+    np.fill_diagonal(a, 0.0)
+    size = len(a)
+    if size == 1:
+        return np.ones(1)
+    for k in range(size - 1, 0, -1):
+        out = a[k, :k].sum()
+        a[:k, :k] += np.outer(a[:k, k], a[k, :k]) / out
+        a[:k, k] /= out
+    x = np.ones(size)
+    for k in range(1, size):
+        x[k] = x[:k] @ a[:k, k]
     return x / x.sum()
 
 

@@ -26,6 +26,35 @@ def bisect(f: Callable[[float], float], lo: float, hi: float, tol: float = 1e-13
     return 0.5 * (lo + hi)
 
 
+def falsi(f: Callable[[float], float], lo: float, hi: float, tol: float = 1e-12) -> float:
+    """A root of f in [lo, hi], where f(lo) and f(hi) have opposite signs: regula falsi with the Illinois
+    rule (the end kept twice has its value halved), for an f that is costly to evaluate and smooth."""
+    f_lo, f_hi = f(lo), f(hi)
+    if f_lo == 0:
+        return lo
+    if f_hi == 0:
+        return hi
+    side = 0
+    for _ in range(200):
+        mid = (lo * f_hi - hi * f_lo) / (f_hi - f_lo)
+        f_mid = f(mid)
+        if f_mid == 0 or hi - lo <= tol * max(1.0, abs(mid)):
+            return mid
+        if (f_mid < 0) == (f_lo < 0):
+            lo, f_lo = mid, f_mid
+            if side == -1:
+                f_hi /= 2
+            side = -1
+        else:
+            hi, f_hi = mid, f_mid
+            if side == 1:
+                f_lo /= 2
+            side = 1
+        if abs(f_mid) <= tol:
+            return mid
+    return 0.5 * (lo + hi)
+
+
 def poisson_pmf(k: int, mean: float) -> float:
     """P(N = k) for N ~ Poisson(mean), in log space so that large means do not underflow."""
     if mean == 0:
