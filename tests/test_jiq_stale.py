@@ -17,7 +17,7 @@ import pytest
 from lbtestbed.analysis.results.result import summarize
 from lbtestbed.analysis.simulator import simulate_once
 from lbtestbed.analysis.theory import ctmc, dispatchers, jiq_stale
-from lbtestbed.model.spec import parse_spec
+from lbtestbed.spec import parse_spec
 
 #: the accuracy docs/theory.md states for ``finite`` at n = 50 (its largest error there is 1.9 %)
 FINITE_ACCURACY = 0.025
