@@ -134,18 +134,25 @@ def test_a_message_gets_its_own_measured_age_else_the_age_of_the_message_sent_ne
     timeline = {"idle_token": [(t, 0.0 if t < 100 else 0.4) for t in np.arange(0.0, 220.0, 0.5)]}
     seen: list[tuple[float, Message, float | None]] = []
 
-    class Watched(TwinSimulator):
-        def _message_delay(self, m: Message, answer: bool) -> float | None:
-            delay = super()._message_delay(m, answer)
-            seen.append((self.now, m, delay))
+    def watched(emulation: Emulation) -> TwinSimulator:
+        """A twin whose measured delays report every message's delay, and when it was sent."""
+        twin = TwinSimulator(exp, emulation)
+        message = twin.measured.message
+
+        def watch(m: Message, answer: bool) -> float | None:
+            delay = message(m, answer)
+            seen.append((twin.now, m, delay))
             return delay
 
-    twin = Watched(exp, Emulation(tasks, legs, timeline))
+        twin.measured.message = watch  # type: ignore[method-assign]
+        return twin
+
+    twin = watched(Emulation(tasks, legs, timeline))
     twin.run()
     assert twin.replayed == {"idle_token": [0, len(seen)]} and len(seen) > 100
     assert all((delay is None) == (t < 99.75) for t, _, delay in seen)  # nearest: the switch at 99.75
     first = seen[0][1]
-    again = Watched(exp, Emulation(tasks, legs, timeline, keyed_ages={message_key(first): 0.123}))
+    again = watched(Emulation(tasks, legs, timeline, keyed_ages={message_key(first): 0.123}))
     seen.clear()
     again.run()
     assert seen[0][1] == first and seen[0][2] == 0.123 and again.replayed["idle_token"][0] == 1
