@@ -56,7 +56,7 @@ Handler = Callable[[object, object], None]
 class Arrivals:
     """Where the kernel's tasks come from: their arrival times and works in blocks, and each task itself."""
 
-    #: tasks of the measured window still to come that the run must wait for
+    #: tasks of the measured window still to come: the run waits for them as for those in the system
     ahead = 0
 
     def next_block(self) -> tuple[list[float], list[float]]:
@@ -280,8 +280,10 @@ class Simulator:
 
     def _finish_loop(self, n_sys: int, count: int, last: float) -> None:
         """After the loop: what it kept to itself. Its events are the arrivals, the completions (each node
-        counts its own) and the deliveries; the clock shows the last of them."""
+        counts its own) and the deliveries; the clock shows the last of them. The window's tasks still to
+        come when the drain ended are censored, as those still in the system are."""
         self.measure.in_system, self.count = n_sys, count
+        self.measure.outstanding += self.arrivals.ahead
         self.events += count + sum(node.completions for node in self.nodes)
         self.now = max(self.now, last)
 

@@ -18,7 +18,9 @@ the same policy objects and node models (docs/run.md, "The twin"):
   the age of the cluster's message of that kind sent nearest in model time (so that ages keep their
   correlation with the load of the moment);
 * the measured window, its batches and the sojourns (from the intended send to the client's receipt) are
-  cut as the cluster cuts them, so that the cluster and its twin are compared batch by batch.
+  cut as the cluster cuts them, so that the cluster and its twin are compared batch by batch; every task
+  of the window is followed to its end however late the cluster accepted it (a saturated cluster accepts
+  some after the window has ended), and is censored only if the drain ends first.
 
 Tasks the cluster did not complete (refused, lost, dropped) get the median of each delay. What the twin
 leaves out is what nobody measured: faults (their batches are left out of any comparison anyway), health
@@ -103,9 +105,9 @@ class TraceArrivals(Arrivals):
         self.order = sorted(range(len(tasks)), key=lambda i: (accepts[i], i))
         self.accepts = [accepts[i] for i in self.order]
         self.given = 0  # tasks handed to the kernel in blocks
-        #: tasks of the measured window the cluster accepted but the twin has not yet: the run waits for
-        #: them, however late their accept comes
-        self.ahead = 0
+        #: tasks of the measured window (by intended time) not accepted yet: the run waits for them,
+        #: however late their accept comes, as it waits for those in the system
+        self.ahead = sum(1 for t in self.intended if self.batch_of(t) >= 0)
 
     def batch_of(self, t: float) -> int:
         if not self.t_start <= t < self.t_end:
@@ -121,7 +123,10 @@ class TraceArrivals(Arrivals):
 
     def task(self, i: int, t: float, work: float, batch: int) -> Task:
         j = self.order[i]
-        return Task(j, work, self.intended[j], self.origins[j], self.batch_of(self.intended[j]))
+        task = Task(j, work, self.intended[j], self.origins[j], self.batch_of(self.intended[j]))
+        if task.batch >= 0:
+            self.ahead -= 1
+        return task
 
 
 class MeasuredDelays(Delays):
