@@ -147,7 +147,7 @@ def test_every_dispatcher_side_gets_its_own_arrivals_and_messages() -> None:
     raw = sim.run()
     split = DispatcherSplit(exp).take(sum(routed))  # the arrivals so far, in order
     assert routed == [split.count(d) for d in range(3)]
-    assert sum(routed) in (sim.workload.count, sim.workload.count - 1)  # the last one drawn may not arrive
+    assert sum(routed) == sim.count  # every task that arrived was routed once
     assert all(n > 0 for n in tokens)
     assert raw.decisions["idle_token"] > 0 and raw.decisions["random"] > 0
 

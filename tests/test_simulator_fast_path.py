@@ -1,11 +1,11 @@
 """The simulator's fast path for power-of-d changes nothing but speed.
 
 ``PowerOfDDispatcher.instant_probe`` fuses ``dispatch`` and ``resolve`` for a driver whose probes are
-answered at once, and ``Simulator._run_instant`` is the fused loop that uses it. Both must give exactly
-what the general path gives, to the last bit: the same random draws in the same order, the same node for
-every task, the same measurements. These tests compare the two paths on the same seeds (each side is the
-other's oracle, so no expected value comes from either), and pin the node-model promise the fast loop
-relies on: a task that waits leaves ``next_completion()`` alone.
+answered at once, and the kernel's loop routes by it in place of its general arrival handler. Both must
+give exactly what the general path gives, to the last bit: the same random draws in the same order, the
+same node for every task, the same measurements. These tests compare the two paths on the same seeds
+(each side is the other's oracle, so no expected value comes from either), and pin the node-model promise
+the fast path relies on: a task that waits leaves ``next_completion()`` alone.
 """
 
 from __future__ import annotations
@@ -143,33 +143,51 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_fast_loop_gives_the_general_loops_run(case: str) -> None:
+def test_fast_path_gives_the_general_paths_run(case: str) -> None:
     fast_sim, fast = run(CASES[case], fast=True)
     slow_sim, slow = run(CASES[case], fast=False)
     assert fast.events > 1000 and sum(len(s) for s in fast.sojourns) > 500  # the window saw real work
     assert_same_run(fast, slow)
     assert fast_sim.now == slow_sim.now
-    assert fast_sim.in_system == slow_sim.in_system
-    assert fast_sim.msg_counts == slow_sim.msg_counts
-    assert fast_sim.sojourn_class == slow_sim.sojourn_class
+    assert fast_sim.measure.in_system == slow_sim.measure.in_system
+    assert fast_sim.measure.msg_counts == slow_sim.measure.msg_counts
+    assert fast_sim.measure.sojourn_class == slow_sim.measure.sojourn_class
 
 
-def test_the_fast_loop_is_taken() -> None:
-    """Guards the comparison above: the fast side really runs the fused loop, the other does not."""
+def test_the_fast_path_is_taken() -> None:
+    """Guards the comparison above: the fast side really routes by the instant probe's ``pick``, the
+    other by ``dispatch`` and ``resolve``."""
     calls: list[str] = []
     for fast in (True, False):
         sim = Simulator(parse_spec(CASES["fcfs_d3_replace"]))
-        if not fast:
-            sim.dispatcher.instant_probe = lambda occupancy: None  # type: ignore[attr-defined]
-        original = sim._run_instant
+        disp = sim.dispatcher
+        assert isinstance(disp, PowerOfDDispatcher)
+        instant_probe, dispatch = disp.instant_probe, disp.dispatch
 
-        def spy(*args: Any, original: Any = original, fast: bool = fast) -> None:
-            calls.append("fast" if fast else "general")
-            original(*args)
+        def spied(occupancy: Any, instant_probe: Any = instant_probe) -> Any:
+            fast_path = instant_probe(occupancy)
 
-        sim._run_instant = spy  # type: ignore[method-assign,assignment]
+            def pick() -> int:
+                calls.append("pick")
+                return int(fast_path.pick())
+
+            return fast_path._replace(pick=pick)
+
+        def spied_dispatch(dispatch: Any = dispatch) -> Any:
+            calls.append("dispatch")
+            return dispatch()
+
+        disp.instant_probe = spied if fast else (lambda occupancy: None)  # type: ignore[method-assign]
+        disp.dispatch = spied_dispatch  # type: ignore[method-assign]
         sim.run()
-    assert calls == ["fast"]
+        calls.append("end")
+    assert (
+        calls[0] == "pick"
+        and calls[calls.index("end") - 1] == "pick"
+        and "dispatch" not in calls[: calls.index("end")]
+    )
+    second = calls[calls.index("end") + 1 : -1]
+    assert second and set(second) == {"dispatch"}
 
 
 # ---------------------------------------------------------------------------------- node models

@@ -124,6 +124,33 @@ def test_a_trace_that_ends_inside_the_window_ends_the_twin() -> None:
     assert counts[: exp.run.batches // 2].min() > 0 and counts[exp.run.batches // 2 + 1 :].max() == 0
 
 
+def test_every_task_of_the_window_is_counted_however_late_the_cluster_accepted_it() -> None:
+    """Issue 26: under saturation the cluster accepts some of the window's tasks late, after the window
+    has ended. The twin follows each of them to its end like any other: measured when it completes
+    before the drain ends (window end + duration), censored when it does not, never dropped. Here the
+    tasks of [end - 30, end - 5) are accepted 40 model s late, after the window, and those of the last 5 s
+    only after the drain has ended."""
+    exp = experiment(QUEUES, {"name": "jsq"})
+    tasks = trace(exp)
+    start, end = exp.run.warmup, exp.run.warmup + exp.run.duration
+    beyond = exp.run.duration + 50.0  # past the end of the drain
+
+    def arrive(t: float) -> float:
+        return 0.0 if t < end - 30 else 40.0 if t < end - 5 else beyond
+
+    raw = TwinSimulator(
+        exp, Emulation(tasks, {t: (arrive(t), 0.0, 0.0, 0.0, 0.0, 0.0) for t, _ in tasks})
+    ).run()
+    window = [t for t, _ in tasks if start <= t < end]
+    late = [t for t in window if arrive(t) == 40.0]
+    never = [t for t in window if arrive(t) == beyond]
+    assert len(late) > 100 and len(never) > 10
+    sojourns = [s for batch in raw.sojourns for s in batch]
+    assert len(sojourns) + raw.censored == len(window)
+    assert raw.censored == len(never)
+    assert sum(1 for s in sojourns if s >= 40.0) == len(late)  # each late one waited 40 s to be accepted
+
+
 def test_a_message_gets_its_own_measured_age_else_the_age_of_the_message_sent_nearest_in_time() -> None:
     """JIQ with two dispatchers sends tokens on requests of their own. A token the cluster measured (same
     kind, node, dispatcher and arrivals count) arrives after its own age; any other after the age of the
@@ -134,18 +161,25 @@ def test_a_message_gets_its_own_measured_age_else_the_age_of_the_message_sent_ne
     timeline = {"idle_token": [(t, 0.0 if t < 100 else 0.4) for t in np.arange(0.0, 220.0, 0.5)]}
     seen: list[tuple[float, Message, float | None]] = []
 
-    class Watched(TwinSimulator):
-        def _message_delay(self, m: Message, answer: bool) -> float | None:
-            delay = super()._message_delay(m, answer)
-            seen.append((self.now, m, delay))
+    def watched(emulation: Emulation) -> TwinSimulator:
+        """A twin whose measured delays report every message's delay, and when it was sent."""
+        twin = TwinSimulator(exp, emulation)
+        message = twin.measured.message
+
+        def watch(m: Message, answer: bool) -> float | None:
+            delay = message(m, answer)
+            seen.append((twin.now, m, delay))
             return delay
 
-    twin = Watched(exp, Emulation(tasks, legs, timeline))
+        twin.measured.message = watch  # type: ignore[method-assign]
+        return twin
+
+    twin = watched(Emulation(tasks, legs, timeline))
     twin.run()
     assert twin.replayed == {"idle_token": [0, len(seen)]} and len(seen) > 100
     assert all((delay is None) == (t < 99.75) for t, _, delay in seen)  # nearest: the switch at 99.75
     first = seen[0][1]
-    again = Watched(exp, Emulation(tasks, legs, timeline, keyed_ages={message_key(first): 0.123}))
+    again = watched(Emulation(tasks, legs, timeline, keyed_ages={message_key(first): 0.123}))
     seen.clear()
     again.run()
     assert seen[0][1] == first and seen[0][2] == 0.123 and again.replayed["idle_token"][0] == 1

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
 
 from lbtestbed.model.utility import Utility
 from lbtestbed.model.workload import Task
@@ -194,14 +193,22 @@ class PSNode(NodeModel):
 
 
 class FCFSNode(NodeModel):
-    """A single server at rate ``speed`` with a FIFO queue."""
+    """A single server at rate ``speed`` with a FIFO queue.
+
+    The queue is linked through the tasks (``Task.next``): ``head`` is in service, ``tail`` the last to
+    arrive, and ``x`` says how many there are (a task's ``next`` is set once another queues behind it). A
+    node then costs no memory beyond its own fields, which matters at a million nodes (a deque would take
+    600 bytes each).
+    """
 
     discipline = "fcfs"
-    __slots__ = ("_finish", "_queue")
+    __slots__ = ("_finish", "head", "tail")
+
+    head: Task
+    tail: Task
 
     def __init__(self, speed: float = 1.0, utility: Utility | None = None, now: float = 0.0) -> None:
         super().__init__(speed, utility, now)
-        self._queue: deque[Task] = deque()
         self._finish = INF
 
     def arrive(self, task: Task, now: float) -> bool:
@@ -217,10 +224,13 @@ class FCFSNode(NodeModel):
         if x + 1 == len(self.time_at):
             self.time_at.append(0.0)
         self.arrivals += 1
-        self._queue.append(task)
         if x == 0:
+            self.head = self.tail = task
             self._finish = now + task.work / self.speed
-        return x > 0
+            return False
+        self.tail.next = task
+        self.tail = task
+        return True
 
     def next_completion(self) -> float:
         return self._finish
@@ -236,8 +246,12 @@ class FCFSNode(NodeModel):
             self.last = now
         self.x = x - 1
         self.completions += 1
-        task = self._queue.popleft()
-        self._finish = now + self._queue[0].work / self.speed if self._queue else INF
+        task = self.head
+        if x == 1:
+            self._finish = INF
+        else:
+            head = self.head = task.next
+            self._finish = now + head.work / self.speed
         return task
 
     def set_speed(self, now: float, speed: float) -> None:

@@ -11,7 +11,10 @@ from lbtestbed.model.streams import seed_sequence, seeded_random
 class Task:
     """One task: its work (in work units) and the model time it entered the system."""
 
-    __slots__ = ("arrived", "batch", "id", "origin", "work")
+    __slots__ = ("arrived", "batch", "forwarded", "id", "next", "origin", "work")
+
+    forwarded: float  # when its dispatcher forwarded it: set by the driver that forwards it
+    next: Task  # the task behind it in its node's FIFO, once there is one (model.nodes.FCFSNode)
 
     def __init__(self, id: int, work: float, arrived: float, origin: int = 0, batch: int = -1) -> None:
         self.id = id

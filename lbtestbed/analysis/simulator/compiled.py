@@ -44,11 +44,21 @@ TWIN = "_lbt_compiled"
 #: the compiled copies: name in the twin package -> source, relative to the package
 MODULES = {
     "engine": "analysis/simulator/engine.py",
-    "models": "model/nodes.py",
+    "calendar_queue": "analysis/simulator/calendar_queue.py",
+    "delays": "analysis/simulator/delays.py",
+    "measure": "analysis/simulator/measure.py",
+    "nodes": "model/nodes.py",
     "workload": "model/workload.py",
 }
 #: import lines rewritten so that the copies use each other
-REWRITES = {"lbtestbed.model.nodes": f"{TWIN}.models", "lbtestbed.model.workload": f"{TWIN}.workload"}
+REWRITES = {
+    "lbtestbed.analysis.simulator.engine": f"{TWIN}.engine",
+    "lbtestbed.analysis.simulator.calendar_queue": f"{TWIN}.calendar_queue",
+    "lbtestbed.analysis.simulator.delays": f"{TWIN}.delays",
+    "lbtestbed.analysis.simulator.measure": f"{TWIN}.measure",
+    "lbtestbed.model.nodes": f"{TWIN}.nodes",
+    "lbtestbed.model.workload": f"{TWIN}.workload",
+}
 ENV, DIR_ENV = "LBT_SIMULATOR", "LBT_COMPILED_DIR"
 BUILD_HINT = "build it with: python -m lbtestbed.analysis.simulator.compiled build"
 

@@ -3,7 +3,7 @@
 What Ciw's ``get_all_records()`` gives for its nodes, for the testbed's tasks: when each task arrived, which
 dispatcher took it, when and by which rule it was routed to which node, when it reached the node, started
 service and left, its work, and how it ended. Every time is the simulator's own (model seconds, exact);
-nothing is sampled. The run is the simulator's general event loop, the same run as ``lbt simulate``'s
+nothing is sampled. The run is the simulator's, the same run as ``lbt simulate``'s
 (tests/test_records.py compares the two).
 
 Service start: on an FCFS node, the instant the task reached the head of the queue (its arrival when the
@@ -15,7 +15,6 @@ arrival there.
 from __future__ import annotations
 
 import csv
-import time
 from collections.abc import Callable
 from typing import IO, Any
 
@@ -24,7 +23,7 @@ from lbtestbed.analysis.simulator.engine import Progress, Simulator
 from lbtestbed.model.experiment import Experiment
 from lbtestbed.model.nodes import FCFSNode, NodeModel, PoolNode, PSNode
 from lbtestbed.model.workload import Task
-from lbtestbed.policies import Probe, Route
+from lbtestbed.policies import Route
 
 #: the CSV's columns, in order (docs/spec.md, "Per-task records")
 COLUMNS = (
@@ -61,15 +60,18 @@ def _recording(model: type[NodeModel], on_start: Log, on_done: Log) -> type[Node
         def complete(self, now: float) -> Task:
             task: Task = super().complete(now)
             on_done(task, now)
-            if isinstance(self, FCFSNode) and self._queue:  # the next in line starts now
-                on_start(self._queue[0], now)
+            if isinstance(self, FCFSNode) and self.x:  # the next in line starts now
+                on_start(self.head, now)
             return task
 
     return Recording
 
 
 class RecordingSimulator(Simulator):
-    """The simulator, keeping a record of every task (``rows()``)."""
+    """The simulator, keeping a record of every task (``rows()``). It watches every routing decision, so
+    the instant probe's arrival handler (which makes none) is not used."""
+
+    instant_arrivals = False
 
     def __init__(self, exp: Experiment, replication: int = 0, progress: Progress | None = None) -> None:
         super().__init__(exp, replication, progress)
@@ -80,34 +82,28 @@ class RecordingSimulator(Simulator):
         # the same nodes, fresh as the engine made them, that report what they do
         self.nodes = [kinds[type(n)](n.speed, n.utility, n.last) for n in self.nodes]
 
-    def run(self) -> RawRun:
-        """The general loop, whatever the spec (the fused ones do not call the hooks)."""
-        wall = time.perf_counter()
-        boundaries, drain_until = self._window()
-        self._run_general(boundaries, drain_until)
-        return self._raw(time.perf_counter() - wall)
-
     def _record(self, task: Task) -> list[Any]:
         rec = self.records.get(task.id)
         if rec is None:
-            rec = [task.id - 1, task.origin, task.arrived, task.batch, *([None] * 9), "in_system"]
+            rec = [task.id, task.origin, task.arrived, task.batch, *([None] * 9), "in_system"]
             rec[12] = task.work
             self.records[task.id] = rec
         return rec
 
-    def _probe(self, task: Task, probe: Probe) -> None:
+    def dispatch(self, task: Task) -> None:
         self._record(task)
-        super()._probe(task, probe)
+        super().dispatch(task)
 
-    def _route(self, task: Task, route: Route) -> None:
+    def route(self, task: Task, route: Route, probed: bool = False) -> None:
         rec = self._record(task)
         rec[4], rec[5], rec[6] = self.now, route.outcome, route.node
         rec[7] = self.exp.classes[self.exp.node_class[route.node]].name
-        super()._route(task, route)
+        super().route(task, route, probed)
 
-    def _task_at_node(self, task: Task, route: Route) -> None:
+    def task_at_node(self, task: object, route: object) -> None:
+        assert isinstance(task, Task)
         self._record(task)[8] = self.now
-        super()._task_at_node(task, route)
+        super().task_at_node(task, route)
 
     def _failed_at_node(self, task: Task, k: int) -> None:
         rec = self._record(task)

@@ -18,38 +18,35 @@ the same policy objects and node models (docs/run.md, "The twin"):
   the age of the cluster's message of that kind sent nearest in model time (so that ages keep their
   correlation with the load of the moment);
 * the measured window, its batches and the sojourns (from the intended send to the client's receipt) are
-  cut as the cluster cuts them, so that the cluster and its twin are compared batch by batch.
+  cut as the cluster cuts them, so that the cluster and its twin are compared batch by batch; every task
+  of the window is followed to its end however late the cluster accepted it (a saturated cluster accepts
+  some after the window has ended), and is censored only if the drain ends first.
 
 Tasks the cluster did not complete (refused, lost, dropped) get the median of each delay. What the twin
 leaves out is what nobody measured: faults (their batches are left out of any comparison anyway), health
 checks, and whatever the cluster did that its legs do not show.
+
+The twin is the simulator's kernel (``engine.Simulator``) with the trace as its arrivals
+(``TraceArrivals``: each task at its accept), the measured delays as its delays (``MeasuredDelays``) and
+the cluster's random streams for its dispatchers.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from lbtestbed.analysis.results.raw import RawRun
-from lbtestbed.analysis.simulator.engine import (
-    _TASK_AT_NODE,
-    INF,
-    Progress,
-    Simulator,
-)
+from lbtestbed.analysis.simulator.delays import Delays
+from lbtestbed.analysis.simulator.engine import INF, Arrivals, Progress, Simulator
 from lbtestbed.model.experiment import Experiment
-from lbtestbed.model.streams import seeded_random
 from lbtestbed.model.workload import DispatcherSplit, Task
-from lbtestbed.policies import Message, Probe, Route, make_dispatcher
+from lbtestbed.policies import Message, Probe, Route
 from lbtestbed.transport.wire import message_key
-
-# the twin's own events in the heap (the engine's are 0..6)
-_ACCEPT, _PROBE_READ, _RESOLVE, _NOTIFY, _LEAVE = range(10, 15)
 
 #: (arrive, decide, forward, notify, reply, leave) of one task, model seconds (TaskRecord's legs)
 Legs = tuple[float, float, float, float, float, float]
@@ -77,41 +74,102 @@ class Emulation:
         med = np.nanmedian(arr, axis=0) if np.isfinite(arr).any() else np.zeros(6)
         return tuple(float(x) if math.isfinite(x) else 0.0 for x in med)  # type: ignore[return-value]
 
-
-class TwinSimulator(Simulator):
-    """One run of the twin of a cluster run (``Emulation``) of ``exp``."""
-
-    def __init__(self, exp: Experiment, emulation: Emulation, progress: Progress | None = None) -> None:
-        super().__init__(exp, 0, progress)
-        self.emulation = emulation
-        if emulation.policy_stream:  # cluster dispatcher i draws from stream policy_stream + i
-            k = exp.policy.dispatchers
-            self.dispatchers = [
-                make_dispatcher(exp, seeded_random(exp.seed, "policy", emulation.policy_stream + i), i, k)
-                for i in range(k)
-            ]
-            self.dispatcher = self.dispatchers[0]
-            self._bind_learner()
-        self.delay = None  # the measured delays replace the spec's emulated ones: they include them
-        self.delay_tasks = False
-        median = emulation.median_legs()
-        self.task_legs: list[Legs] = []
-        for t, _ in emulation.tasks:
-            legs = emulation.legs.get(t)
+    def task_legs(self) -> list[Legs]:
+        """Every task's legs, in trace order: its own, else the medians; none below 0."""
+        median = self.median_legs()
+        out: list[Legs] = []
+        for t, _ in self.tasks:
+            legs = self.legs.get(t)
             if legs is None or not all(math.isfinite(x) for x in legs):
                 legs = median
-            self.task_legs.append(tuple(max(0.0, x) for x in legs))  # type: ignore[arg-type]
+            out.append(tuple(max(0.0, x) for x in legs))  # type: ignore[arg-type]
+        return out
+
+
+class TraceArrivals(Arrivals):
+    """The twin's arrivals: the tasks of the run's trace, each at the instant the cluster's dispatcher
+    accepted it (its intended time plus its measured arrival leg), in that order (in trace order at
+    equal instants). Task i is batched by its intended time, as the cluster batches it, and reaches the
+    dispatcher the spec's split gives the i-th arrival, as the generators sent it."""
+
+    BLOCK = 4096
+
+    def __init__(self, exp: Experiment, tasks: Sequence[tuple[float, float]], legs: Sequence[Legs]) -> None:
+        run = exp.run
+        self.t_start, self.t_end = run.warmup, run.warmup + run.duration
+        self.B, self.batch_len = run.batches, run.duration / run.batches
+        self.intended = [t for t, _ in tasks]
+        self.works = [w for _, w in tasks]
+        self.origins = DispatcherSplit(exp).take(len(tasks))
+        accepts = [t + legs[i][0] for i, t in enumerate(self.intended)]
+        self.order = sorted(range(len(tasks)), key=lambda i: (accepts[i], i))
+        self.accepts = [accepts[i] for i in self.order]
+        self.given = 0  # tasks handed to the kernel in blocks
+        #: tasks of the measured window (by intended time) not accepted yet: the run waits for them,
+        #: however late their accept comes, as it waits for those in the system
+        self.ahead = sum(1 for t in self.intended if self.batch_of(t) >= 0)
+
+    def batch_of(self, t: float) -> int:
+        if not self.t_start <= t < self.t_end:
+            return -1
+        return min(self.B - 1, int((t - self.t_start) // self.batch_len))
+
+    def next_block(self) -> tuple[list[float], list[float]]:
+        start = self.given
+        if start >= len(self.order):
+            return [INF], [0.0]
+        self.given = end = min(start + self.BLOCK, len(self.order))
+        return self.accepts[start:end], [self.works[i] for i in self.order[start:end]]
+
+    def task(self, i: int, t: float, work: float, batch: int) -> Task:
+        j = self.order[i]
+        task = Task(j, work, self.intended[j], self.origins[j], self.batch_of(self.intended[j]))
+        if task.batch >= 0:
+            self.ahead -= 1
+        return task
+
+
+class MeasuredDelays(Delays):
+    """The delays a cluster run measured, task by task and message by message (module docstring)."""
+
+    leaves_at_completion = False  # a task leaves when the dispatcher's answer is ready (departed)
+
+    def __init__(self, emulation: Emulation, legs: Sequence[Legs]) -> None:
+        self.emulation = emulation
+        self.legs = legs
         self.ages = {k: _Timeline(v) for k, v in emulation.message_ages.items() if len(v)}
         self.rider_ages = {k: _Timeline(v) for k, v in emulation.rider_ages.items() if len(v)}
         # per kind: [messages given their own measured age, messages given a drawn one]
         self.replayed: dict[str, list[int]] = {}
-        self.workload = _NoArrivals()  # type: ignore[assignment]
-        # task i of the trace reached the dispatcher the generators sent it to: the spec's split, in order
-        self.origins = DispatcherSplit(exp).take(len(emulation.tasks))
 
-    # ----------------------------------------------------------------------------- message delays
+    def probe(self, task: Task, probe: Probe) -> None:
+        """The probes read the nodes halfway through the task's measured dispatch time."""
+        self.sim.schedule(self.sim.now + self.legs[task.id][1] / 2, self._read, task, probe)
 
-    def _message_delay(self, m: Message, answer: bool) -> float | None:
+    def _read(self, task: object, probe: object) -> None:
+        assert isinstance(task, Task) and isinstance(probe, Probe)
+        sim = self.sim
+        d = len(probe.nodes)
+        sim.measure.count("probe", d)
+        sim.measure.count("probe_reply", d)
+        replies = [sim.sides[k].probe_reply(sim.nodes[k].x) for k in probe.nodes]
+        sim.schedule(sim.now + self.legs[task.id][1] / 2, self._resolve, task, (probe, replies))
+
+    def _resolve(self, task: object, read: object) -> None:
+        assert isinstance(task, Task) and isinstance(read, tuple)
+        probe, replies = read
+        self.sim.route(task, self.sim.dispatchers[task.origin].resolve(probe, replies), probed=True)
+
+    def forward(self, task: Task, route: Route, probed: bool) -> None:
+        """The task leaves for its node after the dispatch time that remains (none after probing: the
+        probes took it), and travels its measured forwarding time."""
+        sim = self.sim
+        _, decide, forward, *_ = self.legs[task.id]
+        still = 0.0 if probed else decide
+        task.forwarded = sim.now + still  # when the cluster's dispatcher forwarded it
+        sim.schedule(sim.now + still + forward, sim.task_at_node, task, route)
+
+    def message(self, m: Message, answer: bool) -> float | None:
         """The age the cluster measured for ``m`` itself; else the age of its message of the same kind sent
         nearest in time (an answer rides on the reply to its message: the riders first); None, at once,
         where the cluster measured none."""
@@ -125,108 +183,61 @@ class TwinSimulator(Simulator):
             timeline = timeline or self.rider_ages.get(m.kind)
             if timeline is None:
                 return None
-            age = timeline.nearest(self.now)
+            age = timeline.nearest(self.sim.now)
         return age if age > 0.0 else None
 
-    # --------------------------------------------------------------------------------------- tasks
+    def reply(self, task: Task) -> float:
+        return self.legs[task.id][4]
 
-    def _batch_of(self, t: float) -> int:
-        if not self.t_start <= t < self.t_end:
-            return -1
-        return min(self.B - 1, int((t - self.t_start) // self.batch_len))
-
-    def _accept(self, i: int) -> None:
-        t, work = self.emulation.tasks[i]
-        # batched by intended arrival, as the cluster does
-        task = Task(i, work, t, self.origins[i], self._batch_of(t))
-        self._total_changes(self.now, +1)
-        if self.batch >= 0:
-            self.arrivals[self.batch] += 1  # counted when the dispatcher takes it, as its decisions are
-        if task.batch >= 0:
-            self.outstanding += 1
-        _, decide, *_ = self.task_legs[i]
-        decision = self.dispatchers[task.origin].dispatch()
-        if isinstance(decision, Probe):
-            self._push(self.now + decide / 2, _PROBE_READ, task, decision)
-        else:
-            self._decided(task, decision, decide)
-
-    def _decided(self, task: Task, route: Route, still: float) -> None:
-        """The decision is made: the task leaves for its node ``still`` model s of dispatch time later
-        (the dispatch time that remains), plus its measured forwarding time."""
-        if task.batch >= 0:
-            self.decisions[route.outcome] += 1
-        if self.learner is not None and not self.learners and self.learner.learned_value() != self.r:
-            self._r_changes(self.now, self.learner.learned_value())
-        forward = self.task_legs[task.id][2]
-        self.forwarded[task.id] = self.now + still  # when the cluster's dispatcher forwarded it
-        self._push(self.now + still + forward, _TASK_AT_NODE, task, route)
-
-    def _completion(self, t: float, k: int) -> None:
-        node = self.nodes[k]
-        task = node.complete(t)
-        self.scheduled[k] = INF
-        self._reschedule(k)
-        _, _, _, notify, reply, leave = self.task_legs[task.id]
-        if task.batch >= 0:
-            s = t + reply - task.arrived  # from the intended send to the client's receipt
-            self.sojourn[task.batch].append(s)
-            self.sojourn_class[self.exp.node_class[k]][task.batch].append(s)
-            self.outstanding -= 1
-        if self.records_latency:
-            found, at = self.at_node.pop(task.id)
-            self.sides[k].on_served(found, t - at)
-        msgs = self.sides[k].on_departure(node.x, task.origin)
+    def departed(self, task: Task, k: int, t: float, msgs: tuple[Message, ...]) -> None:
+        """The task's dispatcher hears of its completion after the task's own measured delay, with the
+        messages for it that rode on the reply; the task leaves the system when its answer is ready."""
+        sim = self.sim
+        _, _, _, notify, _, leave = self.legs[task.id]
         ride: tuple[Message, ...] = ()
         if self.emulation.riders:
             ride = tuple(m for m in msgs if m.dispatcher == task.origin)
             msgs = tuple(m for m in msgs if m.dispatcher != task.origin)
         for m in ride:
-            self._count(m.kind)  # sent now, applied with the reply
+            sim.measure.count(m.kind)  # sent now, applied with the reply
         if msgs:
-            self._to_dispatcher(msgs)
-        latency = t + notify - self.forwarded.pop(task.id)  # forwarded to its answer read
-        self._push(t + notify, _NOTIFY, (k, task.origin, latency), ride)
-        self._push(t + max(notify, leave), _LEAVE, k)
+            sim.to_dispatcher(msgs)
+        latency = t + notify - task.forwarded  # forwarded to its answer read
+        sim.schedule(t + notify, self._notified, (k, task.origin, latency), ride)
+        sim.schedule(t + max(notify, leave), self._left, None)
 
-    def _heap_event(self, kind: int, a: object, b: object) -> None:
-        if kind == _ACCEPT:
-            assert isinstance(a, int)
-            self._accept(a)
-        elif kind == _PROBE_READ:
-            assert isinstance(a, Task) and isinstance(b, Probe)
-            d = len(b.nodes)
-            self._count("probe", d)
-            self._count("probe_reply", d)
-            replies = [self.sides[k].probe_reply(self.nodes[k].x) for k in b.nodes]
-            _, decide, *_ = self.task_legs[a.id]
-            self._push(self.now + decide / 2, _RESOLVE, a, (b, replies))
-        elif kind == _RESOLVE:
-            assert isinstance(a, Task) and isinstance(b, tuple)
-            probe, replies = b
-            self._decided(a, self.dispatchers[a.origin].resolve(probe, replies), 0.0)
-        elif kind == _LEAVE:
-            self._total_changes(self.now, -1)  # the dispatcher's answer is ready: the task leaves it
-        elif kind == _NOTIFY:
-            assert isinstance(a, tuple) and isinstance(b, tuple)
-            k, origin, latency = a
-            for m in b:
-                out = self.dispatchers[m.dispatcher].on_message(m)
-                if out:
-                    self._to_nodes(out)
-            self.dispatchers[origin].on_task_done(k, latency)
-        else:
-            super()._heap_event(kind, a, b)
+    def _notified(self, done: object, ride: object) -> None:
+        assert isinstance(done, tuple) and isinstance(ride, tuple)
+        k, origin, latency = done
+        for m in ride:
+            self.sim.at_dispatcher(m)
+        self.sim.dispatchers[origin].on_task_done(k, latency)
 
-    # ----------------------------------------------------------------------------------------- run
+    def _left(self, _: object, __: object) -> None:
+        self.sim.left += 1  # the dispatcher's answer is ready: the task leaves the system
 
-    def run(self) -> RawRun:
-        """The engine's general loop, its arrivals the accept events of the run's trace."""
-        wall = time.perf_counter()
-        for i, (t, _) in enumerate(self.emulation.tasks):
-            self._push(t + self.task_legs[i][0], _ACCEPT, i)
-        self._run_general(*self._window())
-        return self._raw(time.perf_counter() - wall)
+
+class TwinSimulator(Simulator):
+    """The twin of a cluster run (``Emulation``) of ``exp``: the kernel with the run's trace as its
+    arrivals, its measured delays and its dispatchers' random streams."""
+
+    def __init__(self, exp: Experiment, emulation: Emulation, progress: Progress | None = None) -> None:
+        legs = emulation.task_legs()
+        self.emulation = emulation
+        self.measured = MeasuredDelays(emulation, legs)
+        super().__init__(
+            exp,
+            0,
+            progress,
+            arrivals=TraceArrivals(exp, emulation.tasks, legs),
+            delays=self.measured,
+            policy_stream=emulation.policy_stream,
+        )
+
+    @property
+    def replayed(self) -> dict[str, list[int]]:
+        """Per message kind: how many messages got their own measured age, and how many a drawn one."""
+        return self.measured.replayed
 
 
 class _Timeline:
@@ -245,19 +256,10 @@ class _Timeline:
         return self.ages[i]
 
 
-class _NoArrivals:
-    """The workload of the twin's engine loop: none of its own (the trace's tasks come as events)."""
-
-    count = 0
-
-    def next(self) -> tuple[float, float]:
-        return INF, 0.0
-
-
 def simulate_twin(
     exp: Experiment, emulation: Emulation, progress: Progress | None = None
 ) -> tuple[RawRun, dict[str, list[int]]]:
-    """The twin of a cluster run of ``exp`` (pure Python: the compiled engine does not take one), and per
-    message kind how many messages it gave their own measured age and how many a drawn one."""
+    """The twin of a cluster run of ``exp`` (on the pure-Python kernel), and per message kind how many
+    messages it gave their own measured age and how many a drawn one."""
     twin = TwinSimulator(exp, emulation, progress)
     return twin.run(), twin.replayed
