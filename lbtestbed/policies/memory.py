@@ -25,7 +25,7 @@ from typing import Any
 from lbtestbed.model.experiment import Experiment, NodeClass, PolicyParams
 from lbtestbed.model.reader import TableReader
 from lbtestbed.policies.base import DispatcherSide, Probe, Route, sample_distinct
-from lbtestbed.policies.unit import SENDS, MessageCost, Policy
+from lbtestbed.policies.unit import SENDS, Curve, MessageCost, Policy
 
 
 @dataclass(frozen=True)
@@ -101,6 +101,7 @@ class PowerOfDMemory(Policy):
     params = MemoryParams
     dispatcher = MemoryDispatcher
     kinds = ("probe", "probe_reply")
+    frontier = (Curve("JSQ(d) with memory m = 1", "d", (1, 2, 3), {"m": 1}),)
 
     def messages(self, exp: Experiment) -> MessageCost:
         assert isinstance(exp.policy, MemoryParams)

@@ -47,7 +47,7 @@ from typing import Any, ClassVar
 from lbtestbed.model.experiment import MAX_NODES, Experiment, NodeClass, PolicyParams
 from lbtestbed.model.reader import TableReader
 from lbtestbed.policies.base import NO_MESSAGES, DispatcherSide, Message, NodeSide, Route, sample_distinct
-from lbtestbed.policies.unit import SENDS, MessageCost, Policy
+from lbtestbed.policies.unit import SENDS, Curve, MessageCost, Policy
 
 
 @dataclass(frozen=True)
@@ -341,6 +341,7 @@ class Prequal(Policy):
     node = PrequalNode
     kinds = ("prequal_probe", "prequal_reply")
     node_bound = ("prequal_probe",)
+    frontier = (Curve("probes per query", "r_probe", (1.0, 2.0, 3.0)),)
     message_id: ClassVar[Mapping[str, tuple[int, ...]]] = {
         "prequal_probe": (0,),
         "prequal_reply": (0,),

@@ -24,7 +24,7 @@ from lbtestbed.policies.base import (
 )
 from lbtestbed.policies.edf import EdfScheduler
 from lbtestbed.policies.jsq import TIE_BREAKS as JSQ_TIE_BREAKS
-from lbtestbed.policies.unit import SENDS, MessageCost, Policy
+from lbtestbed.policies.unit import SENDS, Curve, MessageCost, Policy
 
 #: how power_of_d breaks ties among the sampled nodes holding the fewest tasks
 TIE_BREAKS = ("random", "fastest", "slowest")
@@ -295,6 +295,7 @@ class PowerOfD(Policy):
     params = PowerOfDParams
     dispatcher = PowerOfDDispatcher
     kinds = ("probe", "probe_reply")
+    frontier = (Curve("JSQ(d)", "d", (1, 2, 3, 5)),)
 
     def messages(self, exp: Experiment) -> MessageCost:
         assert isinstance(exp.policy, PowerOfDParams)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from lbtestbed.model.experiment import Experiment, PolicyParams
@@ -68,6 +68,17 @@ class Learned:
     unit: str = "index"
 
 
+@dataclass(frozen=True)
+class Curve:
+    """One way a policy trades messages for delay (``lbt frontier``): the policy run with ``fixed`` and each
+    of ``values`` of its table's ``key`` in turn, one point each, drawn as one curve named ``label``."""
+
+    label: str  # "JSQ(d)", "asynchronous updates"
+    key: str  # a key of the policy's table
+    values: tuple[int | float, ...]
+    fixed: Mapping[str, object] = field(default_factory=dict)
+
+
 class Policy:
     """One policy's declarations (module docstring); a module's ``POLICIES`` holds an instance of each."""
 
@@ -95,6 +106,8 @@ class Policy:
     #: between them (each idle node's token is held by one) rather than each counting them all
     picture: ClassVar[str | None] = None
     picture_split: ClassVar[bool] = False
+    #: its message knobs, for ``lbt frontier``: none means one point, the policy as the spec gives it
+    frontier: ClassVar[tuple[Curve, ...]] = ()
 
     @property
     def dispatcher_bound(self) -> tuple[str, ...]:
