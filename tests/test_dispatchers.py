@@ -29,6 +29,7 @@ from scipy import stats
 from lbtestbed.analysis.results.result import summarize
 from lbtestbed.analysis.simulator import simulate_once
 from lbtestbed.analysis.simulator.engine import Simulator
+from lbtestbed.analysis.theory import jiq_stale
 from lbtestbed.model.experiment import Experiment
 from lbtestbed.model.workload import DispatcherSplit
 from lbtestbed.policies import DispatcherSide, Message, make_dispatcher, make_node_sides
@@ -246,17 +247,73 @@ def test_jiq_with_k_dispatchers_predicts_lu_et_al_limit(k: int, d: int) -> None:
     low = lam * (1 - rho)
     result = predict(herd(k, d=d))
     metrics = result.metrics
-    assert metrics["mean_sojourn"]["value"] == pytest.approx(1 / (1 - low), rel=1e-9)
-    assert metrics["mean_tasks_per_node"]["value"] == pytest.approx(lam / (1 - low), rel=1e-9)
-    assert metrics["wait_probability"]["value"] == pytest.approx((1 - rho) * lam, rel=1e-9)
+    # where the stale-token model applies (24 nodes, exponential work) its value replaces Lu et al.'s,
+    # which stays beside it (tested below); JIQ-SQ(3) with 8 dispatchers is beyond its split's reach
+    stale = d == 1 or k <= jiq_stale.SQ_SPLIT_MAX
+
+    def lu(metric: str) -> float:
+        m = metrics[metric]
+        return float(m["limit"] if stale else m["value"])
+
+    assert lu("mean_sojourn") == pytest.approx(1 / (1 - low), rel=1e-9)
+    assert lu("mean_tasks_per_node") == pytest.approx(lam / (1 - low), rel=1e-9)
+    assert lu("wait_probability") == pytest.approx((1 - rho) * lam, rel=1e-9)
     tail = [e["value"] for e in metrics["occupancy_tail"]["s"]]
     assert tail[:4] == pytest.approx([1, lam, lam * low, lam * low**2], rel=1e-9)
-    assert metrics["messages_per_task"]["value"] == pytest.approx((1 - low) * (1 + (2 * d if d > 1 else 0)))
-    notes = [n for n in result.extras["notes"] if n["metric"] == "mean_sojourn"]
-    assert "Lu et al. 2011" in notes[0]["source"] and "n / K = " in str(notes[0]["assumes"])
+    assert lu("messages_per_task") == pytest.approx((1 - low) * (1 + (2 * d if d > 1 else 0)))
+    note = next(n for n in result.extras["notes"] if n["metric"] == "mean_sojourn")
+    lu_note = note["limit"] if stale else note
+    assert "Lu et al. 2011" in lu_note["source"] and "n / K = " in str(lu_note["assumes"])
+    assert stale or any("stale-token model" in w for w in result.extras.get("warnings", []))
     # more dispatchers, fewer tokens each: the wait grows with K (one dispatcher: the old limit, 0)
     fewer = predict(herd(k // 2, d=min(d, k // 2))).metrics["wait_probability"]["value"]
     assert metrics["wait_probability"]["value"] > fewer
+
+
+@pytest.mark.parametrize(("k", "d"), [(2, 1), (4, 2)])
+def test_jiq_with_k_dispatchers_predicts_the_stale_token_chain_at_the_spec_n(k: int, d: int) -> None:
+    """At the spec's n (24 nodes, exponential work, a random split) ``lbt predict`` gives the stale-token
+    chain's values (jiq_stale.finite, tested against long simulations in tests/test_jiq_stale.py), as an
+    approximation: regime limit, never counted in a verdict."""
+    from lbtestbed.analysis.theory.predict import predict
+
+    model = jiq_stale.finite(24, k, 0.85, d)
+    result = predict(herd(k, d=d))
+    metrics = result.metrics
+    for metric, value in (
+        ("mean_sojourn", model.mean_sojourn),
+        ("mean_tasks_per_node", model.mean_tasks),
+        ("wait_probability", model.wait),
+        ("messages_per_task", model.messages_per_task),
+    ):
+        assert metrics[metric]["value"] == pytest.approx(value, rel=1e-12), metric
+        assert metrics[metric]["regime"] == "limit"
+    note = next(n for n in result.extras["notes"] if n["metric"] == "wait_probability")
+    assert "stale tokens" in note["source"] and "approximation" in " ".join(note["assumes"])
+
+
+def test_jiq_with_k_dispatchers_keeps_lu_et_al_where_the_chain_does_not_apply() -> None:
+    """Deterministic work, or a round-robin split: the chain's assumptions fail, Lu et al.'s limit stays
+    and a warning says why."""
+    from lbtestbed.analysis.theory.predict import predict
+
+    for extra, why in (({"split": "round_robin"}, "split"),):
+        result = predict(herd(2, **extra))
+        assert "limit" not in result.metrics["mean_sojourn"]
+        note = next(n for n in result.extras["notes"] if n["metric"] == "mean_sojourn")
+        assert "Lu et al. 2011" in note["source"]
+        assert any(why in w for w in result.extras["warnings"]), result.extras["warnings"]
+    slow = parse_spec(
+        {
+            "name": "herd",
+            "seed": 2,
+            "classes": [{"name": "s", "count": 24, "discipline": "fcfs"}],
+            "workload": {"load": 0.85, "service": {"dist": "deterministic", "mean": 1.0}},
+            "policy": {"name": "jiq", "dispatchers": 2},
+            "run": {"warmup": 10.0, "duration": 100.0},
+        }
+    )
+    assert any("exponential work" in w for w in predict(slow).extras["warnings"])
 
 
 def test_a_full_view_has_the_theory_of_one_dispatcher() -> None:

@@ -116,3 +116,16 @@ def test_bad_input_says_what_is_wrong() -> None:
         jiq_stale.limit(10.0, 1.0)
     with pytest.raises(ValueError, match="d <= K"):
         jiq_stale.finite(50, 2, 0.9, d=3)
+
+
+def test_finite_is_kept_on_disk_and_read_back_whole(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chain's values are solved once per machine: the first call writes them under
+    $XDG_CACHE_HOME/lbtestbed/theory, the next reads the same values back (floats exactly)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    solve = jiq_stale.finite.__wrapped__  # past the in-process cache
+    first = solve(10, 2, 0.6)
+    files = list((tmp_path / "lbtestbed" / "theory").glob("jiq-stale-*.json"))
+    assert len(files) == 1
+    assert solve(10, 2, 0.6) == first == jiq_stale.solve_finite(10, 2, 0.6)
+    solve(10, 2, 0.5)  # other inputs, another file
+    assert len(list(files[0].parent.glob("jiq-stale-*.json"))) == 2

@@ -26,19 +26,18 @@ keyed by the inputs and this file's source).
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import math
-import os
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from lbtestbed.analysis.theory import disk_cache
 from lbtestbed.analysis.theory.numeric import erlang_mixture_quantile
 
 #: the largest state space solved (about 0.6 s at a quiet moment on the 2-core reference machine)
@@ -382,34 +381,23 @@ def _compute(model: Model, max_states: int, tolerance: float) -> Exact | None:
     return last if _relative_error(last) <= MAX_ERROR else None
 
 
-def _cache_file(model: Model, max_states: int, tolerance: float) -> Path:
-    source = Path(__file__).read_bytes()
-    key = f"{model.key()}|{max_states}|{tolerance}|".encode() + source
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "lbtestbed" / "theory" / f"exact-{hashlib.sha256(key).hexdigest()[:24]}.json"
-
-
 @cache
 def exact(model: Model, max_states: int = MAX_STATES, tolerance: float = TOLERANCE) -> Exact | None:
     """The exact values for ``model`` within ``tolerance`` (relative, on the mean tasks), or None when the
     state space needed is larger than ``max_states``. Cached in the process and on disk."""
     if model.policy not in POLICIES or model.lam >= model.n * model.mu or model.n < 1:
         return None
-    path = _cache_file(model, max_states, tolerance)
+    key = f"{model.key()}|{max_states}|{tolerance}"
+    path = disk_cache.cache_file("exact", key, (sys.modules[__name__],))
+    data = disk_cache.read_or_solve(path, lambda: _as_json(_compute(model, max_states, tolerance)))
+    if data is None:
+        return None
     try:
-        data = json.loads(path.read_text())
-        if data is None:
-            return None
         data["model"] = Model(**data["model"])
         return Exact(**data)
-    except (OSError, ValueError, TypeError, KeyError):
-        pass
-    result = _compute(model, max_states, tolerance)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(None if result is None else asdict(result)))
-        tmp.replace(path)
-    except OSError:
-        pass  # a read-only cache only costs the next call the solve
-    return result
+    except (TypeError, KeyError):  # a file of an older layout: solve again
+        return _compute(model, max_states, tolerance)
+
+
+def _as_json(x: Exact | None) -> dict[str, Any] | None:
+    return None if x is None else asdict(x)

@@ -21,12 +21,15 @@ Two entry points, both pure functions of numbers:
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import cache
 
 import numpy as np
 
+from lbtestbed.analysis.theory import ctmc, disk_cache, numeric
+from lbtestbed.analysis.theory import dispatchers as dispatchers_module
 from lbtestbed.analysis.theory.ctmc import stationary_by_level
 from lbtestbed.analysis.theory.dispatchers import occupied_iqueues, supermarket_mean
 from lbtestbed.analysis.theory.numeric import falsi
@@ -381,6 +384,14 @@ def _chain_values(
 
 @cache
 def finite(n: int, dispatchers: int, load: float, d: int = 1) -> JIQValues:
+    """``solve_finite``'s values, kept on disk (``disk_cache``): 0.5 to 4 s at 50 to 200 nodes, solved once
+    per machine."""
+    key = f"{n}|{dispatchers}|{load!r}|{d}"
+    path = disk_cache.cache_file("jiq-stale", key, (sys.modules[__name__], ctmc, dispatchers_module, numeric))
+    return JIQValues(**disk_cache.read_or_solve(path, lambda: asdict(solve_finite(n, dispatchers, load, d))))
+
+
+def solve_finite(n: int, dispatchers: int, load: float, d: int = 1) -> JIQValues:
     """JIQ-Random (d = 1) or JIQ-SQ(d) with K = ``dispatchers`` dispatchers on n nodes: an approximation at
     this n and K.
 

@@ -633,6 +633,7 @@ def _jiq_dispatchers(exp: Experiment, p: Prediction, speed: float) -> None:
     )
     why = f"{rule} with {k} dispatchers: the limit gives the mean, not the sojourn's distribution"
     p.null_many(("sojourn_p50", "sojourn_p99"), why)
+    finite.jiq_dispatchers(exp, p, speed, exp.classes[0].discipline == "fcfs")
 
 
 def _rate_support(exp: Experiment) -> tuple[float, float]:

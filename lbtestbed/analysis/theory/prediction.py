@@ -98,6 +98,17 @@ class Prediction:
             new["limit"] = limit
             self.notes[-1]["limit"] = {k: note[k] for k in ("formula", "source", "assumes")}
 
+    def approximate(
+        self, metric: str, value: float, formula: str, source: str, assumes: Sequence[str]
+    ) -> None:
+        """A value at the spec's n from a model without a proved error bound, in place of a limit, which
+        stays beside it as in ``finite``. Its regime is ``limit``: shown, never counted in a verdict."""
+        limit, note = self.metrics[metric].get("value"), self._note(metric)
+        self.set(metric, value, formula, source, assumes, LIMIT)
+        if limit is not None and note is not None and "formula" in note:
+            self.metrics[metric]["limit"] = limit
+            self.notes[-1]["limit"] = {k: note[k] for k in ("formula", "source", "assumes")}
+
     def finite_tail(
         self,
         cls: str,
