@@ -360,8 +360,11 @@ def _run(sub: Commands) -> None:
         description="Start a cluster for the spec (or use --endpoints), drive it with the open-loop "
         "generator, measure the window [warmup, warmup + duration] batch by batch, stop the cluster, then "
         "simulate the same tasks and predict the same experiment. Writes a report directory (results.json, "
-        "report.md, PNG plots) and prints the comparison. Exit code 0 when every comparison that counts "
-        "agrees, 1 when one disagrees or the run failed, 2 on bad input.",
+        'report.md, PNG plots) and prints the comparison with two answers (docs/run.md, "Two answers"): '
+        "faithful (the cluster agrees with its twin on the same tasks, every leg of the task path within "
+        "what the machine explains) and representative (the emulation's own delays moved no metric by more "
+        "than run.tolerance). Exit code 0 when both hold, 1 when one does not or the run failed, 2 on bad "
+        "input.",
     )
     run.add_argument("spec", help="experiment spec (TOML), see docs/spec.md")
     run.add_argument("--out", metavar="DIR", help="report directory (default reports/<name>-<date>-<time>)")
