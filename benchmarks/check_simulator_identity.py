@@ -133,7 +133,7 @@ if os.environ.get("LBT_SIMULATOR") == "compiled":
 try:  # the spec reader above the policy library (issue 25), or a --whole reference from before it
     from lbtestbed.spec import load_spec
 except ImportError:
-    from lbtestbed.spec import load_spec
+    from lbtestbed.model.spec import load_spec
 from lbtestbed.analysis.simulator import simulate_once
 from lbtestbed.cli import main
 
