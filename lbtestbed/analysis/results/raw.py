@@ -3,6 +3,7 @@ and ``summarize`` turns into a result."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -14,7 +15,8 @@ class RawRun:
 
     batches: int
     ratios: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
-    sojourns: list[list[float]] = field(default_factory=list)  # per batch, by arrival batch
+    # per batch, by arrival batch (the simulator's are arrays of doubles)
+    sojourns: Sequence[Sequence[float]] = field(default_factory=list)
     r_time: dict[int | float, float] = field(
         default_factory=dict
     )  # SLTA: seconds at each r (several: their mean)
