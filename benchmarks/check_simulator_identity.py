@@ -11,9 +11,10 @@ package:
   (``git show``, read-only), so that other people's edits elsewhere do not count as differences;
 * **candidate**: the working tree's ``lbtestbed`` as it is.
 
-With ``--compiled`` the reference is the working tree's pure-Python simulator and the candidate the same
-tree on the mypyc build (``LBT_SIMULATOR=compiled``, ``lbtestbed/analysis/simulator/compiled.py``; a
-build that is missing or stale is an error here, not a fallback).
+Both run the pure-Python simulator (``LBT_SIMULATOR=python``). With ``--compiled`` the reference is the
+working tree's pure-Python simulator and the candidate the same tree on the mypyc build
+(``lbtestbed/analysis/simulator/compiled.py``; a build that is missing or stale is an error here, not a
+fallback).
 
 It compares a digest of each RawRun and the JSON result object without ``wall_seconds``, and prints the
 first difference it finds for a case that differs. Exit status 0 when every case is identical, 1 otherwise.
@@ -149,9 +150,10 @@ def feed(key, value):
 for key in sorted(raw.ratios):
     num, den = raw.ratios[key]
     feed(key + "/num", num); feed(key + "/den", den)
-for key in ("batches", "sojourns", "r_time", "r_series", "decisions", "message_kinds", "censored", "events",
+for key in ("batches", "r_time", "r_series", "decisions", "message_kinds", "censored", "events",
             "stale_tokens"):
     feed(key, getattr(raw, key))
+feed("sojourns", [list(b) for b in raw.sojourns])  # their values, whatever holds them (lists, arrays)
 args = ["simulate", spec, "--json", "--quiet"]
 for o in overrides:
     args += ["--set", o]
@@ -199,7 +201,7 @@ def make_tree(dest: Path, ref: str | None, whole: bool = False) -> Path:
 
 
 def run_case(tree: Path, spec: str, overrides: list[str], compiled: bool = False) -> dict[str, object]:
-    env = {"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"}
+    env = {"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0", "LBT_SIMULATOR": "python"}
     if compiled:
         env["LBT_SIMULATOR"] = "compiled"
         env["LBT_COMPILED_DIR"] = os.environ.get("LBT_COMPILED_DIR") or str(

@@ -1,9 +1,10 @@
-"""The opt-in mypyc build of the simulator (``lbtestbed/analysis/simulator/compiled.py``).
+"""The mypyc build of the simulator (``lbtestbed/analysis/simulator/compiled.py``).
 
-What must hold: nothing compiled is used unless ``LBT_SIMULATOR=compiled`` asks for it; a build whose
-sources have changed since is refused (and ``simulate_once`` then warns once and runs the pure-Python
-simulator); a bad ``LBT_SIMULATOR`` is one line of bad input; and a fresh build gives the pure-Python run
-to the last bit. The last needs mypyc and a C compiler and takes about a minute: it is marked slow.
+What must hold: the build is used unless ``LBT_SIMULATOR=python`` says not to; a build whose sources have
+changed since is refused (and ``simulate_once`` then says so in one line and runs the pure-Python
+simulator); a bad ``LBT_SIMULATOR`` is one line of bad input; and the build gives the pure-Python run to
+the last bit, for every policy. The last needs mypyc and a C compiler: it uses the project's build
+(``make test`` makes it first; built here if missing, about 15 s) and is marked slow.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from lbtestbed.analysis.results.raw import RawRun
 from lbtestbed.analysis.simulator import compiled, simulate_once
 from lbtestbed.analysis.simulator.engine import Simulator
 from lbtestbed.model.reader import SpecError
@@ -109,10 +111,15 @@ def test_python_copies_are_never_taken_for_the_build(tmp_path: Path) -> None:
         compiled.load(tmp_path)
 
 
-@pytest.mark.parametrize(("value", "expected"), [("python", False), ("compiled", True)])
+@pytest.mark.parametrize(("value", "expected"), [("python", False), ("compiled", True), ("", True)])
 def test_selection(monkeypatch: pytest.MonkeyPatch, value: str, expected: bool) -> None:
     monkeypatch.setenv(compiled.ENV, value)
     assert compiled.selected() is expected
+
+
+def test_the_build_is_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(compiled.ENV, raising=False)
+    assert compiled.selected()
 
 
 def test_bad_selection_is_bad_input(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -121,17 +128,17 @@ def test_bad_selection_is_bad_input(monkeypatch: pytest.MonkeyPatch) -> None:
         compiled.selected()
 
 
-def test_unavailable_build_falls_back_with_one_warning(
+def test_unavailable_build_falls_back_with_one_line(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv(compiled.ENV, "compiled")
+    monkeypatch.delenv(compiled.ENV, raising=False)
     monkeypatch.setenv(compiled.DIR_ENV, str(tmp_path))  # nothing built there
-    monkeypatch.setattr(compiled, "_warned", [])
+    monkeypatch.setattr(compiled, "_said", [])
     exp = parse_spec(SPEC)
     raws = [simulate_once(exp), simulate_once(exp)]
     err = capsys.readouterr().err
-    assert err.count("lbt: warning: LBT_SIMULATOR=compiled: not built") == 1
-    assert len(err.strip().splitlines()) == 1
+    assert err.count("lbt: note: compiled simulator: not built") == 1
+    assert "running the pure-Python one" in err and len(err.strip().splitlines()) == 1
     reference = Simulator(exp).run()
     for raw in raws:
         assert raw.sojourns == reference.sojourns and raw.events == reference.events
@@ -157,34 +164,85 @@ def test_cli_bad_selection_is_one_line(tmp_path: Path) -> None:
     ]
 
 
+def test_a_current_build_is_not_built_again(tmp_path: Path) -> None:
+    """``build`` is cached: with a manifest of the current sources it compiles nothing (here there is no
+    compiled module at all, so a build that went ahead would have to run mypyc)."""
+    dest = fake_build(tmp_path)
+    before = sorted(p.name for p in dest.iterdir())
+    assert compiled.build(tmp_path) == dest
+    assert sorted(p.name for p in dest.iterdir()) == before
+
+
+#: specs that reach every path of the kernel (with SPEC's FCFS and PS classes, and POOLS below): instant
+#: probes, messages, delays, several dispatchers, learning (SLTA's integer r), latency-learning node sides
+#: (Prequal), a clock (peak EWMA), speed changes
+BUILD_CASES: dict[str, dict[str, object]] = {
+    "power_of_d": {"policy": {"name": "power_of_d", "d": 2}},
+    "power_of_d_d3_replace": {"policy": {"name": "power_of_d", "d": 3, "replace": True}},
+    "jsq_delay": {"policy": {"name": "jsq"}, "network": {"delay": 0.05}},
+    "jiq_two_dispatchers": {"policy": {"name": "jiq", "dispatchers": 2}},
+    "least_request_forwarded": {
+        "policy": {"name": "least_request"},
+        "network": {"delay": {"dist": "exponential", "mean": 0.05}, "forward_tasks": True},
+    },
+    "prequal": {"policy": {"name": "prequal"}},
+    "peak_ewma": {"policy": {"name": "peak_ewma"}},
+    "slow_fault": {
+        "policy": {"name": "jsq"},
+        "faults": [{"kind": "slow", "node": 3, "speed": 0.5, "at": 10.0, "until": 30.0}],
+    },
+}
+POOLS = {
+    "name": "compiled-pools",
+    "seed": 5,
+    "classes": [
+        {"name": "small", "count": 6, "discipline": "pool", "utility": {"kind": "xlog", "r": 6}},
+        {"name": "large", "count": 6, "discipline": "pool", "utility": {"kind": "xlog", "r": 9}},
+    ],
+    "workload": {"load": 3.0},
+    "run": {"warmup": 5.0, "duration": 30.0, "batches": 6},
+}
+
+
+def assert_same_runs(fast: RawRun, slow: RawRun, case: str) -> None:
+    assert fast.events == slow.events > 1000, case
+    assert [list(b) for b in fast.sojourns] == [list(b) for b in slow.sojourns], case
+    assert fast.decisions == slow.decisions, case
+    assert repr(fast.r_series) == repr(slow.r_series) and repr(fast.r_time) == repr(slow.r_time), case
+    assert fast.ratios.keys() == slow.ratios.keys(), case
+    for key, (num, den) in slow.ratios.items():
+        assert fast.ratios[key][0].tobytes() == num.tobytes(), (case, key)
+        assert fast.ratios[key][1].tobytes() == den.tobytes(), (case, key)
+
+
+@pytest.fixture(scope="module")
+def built() -> object:
+    """The project's compiled simulator, built if missing (cached: nothing to do when current)."""
+    if compiled.compiler() is None:
+        pytest.skip("no C compiler")
+    compiled.build()
+    return compiled.load()
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler")
-def test_fresh_build_gives_the_same_runs_and_goes_stale_with_its_sources(tmp_path: Path) -> None:
-    """Build from a private copy of the package, run the copy's compiled simulator and the pure-Python one
-    on the same seeds (bitwise equal), then change one source of the copy: the build is refused."""
-    package = tmp_path / "src" / "lbtestbed"
+@pytest.mark.parametrize("case", [*BUILD_CASES, "slta", "jlmu", "jsq"])
+def test_the_build_gives_the_pure_python_runs(built: object, case: str) -> None:
+    """Bitwise the same runs, whichever policy and path: the default (compiled) is the reference (pure)."""
+    if case in BUILD_CASES:
+        spec = {**SPEC, **BUILD_CASES[case]}
+    else:  # pools
+        spec = {**POOLS, "policy": {"name": case, **({"beta_scale": 1.0} if case == "slta" else {})}}
+    exp = parse_spec(spec)
+    assert_same_runs(built.Simulator(exp).run(), Simulator(exp).run(), case)  # type: ignore[attr-defined]
+
+
+@pytest.mark.slow
+def test_the_build_goes_stale_with_its_sources(built: object, tmp_path: Path) -> None:
+    """A copy of the package with one source changed: the project's build is refused for it."""
+    package = tmp_path / "lbtestbed"
     shutil.copytree(compiled.PACKAGE, package, ignore=shutil.ignore_patterns("__pycache__"))
-    root = tmp_path / "build"
-    try:
-        compiled.build(root, package)
-    except compiled.Unavailable as e:
-        if "mypyc failed" in str(e) and ("gcc" in str(e) or "Python.h" in str(e)):
-            pytest.skip(f"cannot compile here: {e}")
-        raise
-    module = compiled.load(root, package)
-    assert str(module.__file__).endswith(compiled._ext_suffix())
-    for policy in ({"name": "power_of_d", "d": 2}, {"name": "jsq"}, {"name": "power_of_d", "d": 3}):
-        exp = parse_spec(
-            {**SPEC, "policy": policy, **({"network": {"delay": 0.05}} if policy["name"] == "jsq" else {})}
-        )
-        fast, slow = module.Simulator(exp).run(), Simulator(exp).run()
-        assert fast.events == slow.events > 1000, policy
-        assert fast.sojourns == slow.sojourns, policy
-        assert fast.decisions == slow.decisions, policy
-        for key, (num, den) in slow.ratios.items():
-            assert fast.ratios[key][0].tobytes() == num.tobytes(), (policy, key)
-            assert fast.ratios[key][1].tobytes() == den.tobytes(), (policy, key)
+    assert compiled.load(package=package) is built  # the copy as it is: the build is its
     workload = package / "model" / "workload.py"
     workload.write_text(workload.read_text() + "\n# changed\n")
     with pytest.raises(compiled.Unavailable, match=r"stale: lbtestbed/model/workload\.py changed"):
-        compiled.load(root, package)
+        compiled.load(package=package)

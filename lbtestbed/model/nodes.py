@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from typing import ClassVar
 
 from lbtestbed.model.utility import Utility
 from lbtestbed.model.workload import Task
@@ -26,14 +27,21 @@ INF = math.inf
 
 
 class NodeModel:
-    """Common state: occupancy and its time integrals."""
+    """Common state: occupancy and its time integrals.
 
-    discipline = ""
+    ``index``, ``due`` and ``live`` are a driver's bookkeeping, which the model never reads: the node's
+    number, and the time and sequence number of the completion event the driver has queued for it (the
+    simulator keeps them here, in the object it touches anyway, rather than in lists by node)."""
+
+    discipline: ClassVar[str] = ""
     __slots__ = (
         "arrivals",
         "completions",
+        "due",
         "idle_offset",
+        "index",
         "last",
+        "live",
         "speed",
         "task_seconds",
         "time_at",
@@ -43,10 +51,13 @@ class NodeModel:
     )
 
     def __init__(self, speed: float = 1.0, utility: Utility | None = None, now: float = 0.0) -> None:
-        self.speed = speed
-        self.utility = utility
         self.x = 0  # tasks present, in service or waiting
         self.last = now
+        self.index = 0
+        self.due = INF
+        self.live = 0
+        self.speed = speed
+        self.utility = utility
         self.time_at: list[float] = [0.0]  # time_at[k]: seconds spent holding exactly k tasks
         self.task_seconds = 0.0
         self.utility_seconds = 0.0
@@ -104,7 +115,7 @@ class NodeModel:
 class PoolNode(NodeModel):
     """Infinite-server pool: every task is in service at once, for its own work / speed."""
 
-    discipline = "pool"
+    discipline: ClassVar[str] = "pool"
     __slots__ = ("_heap", "_seq")
 
     def __init__(self, speed: float = 1.0, utility: Utility | None = None, now: float = 0.0) -> None:
@@ -145,7 +156,7 @@ class PSNode(NodeModel):
     virtual time V0 leaves when V reaches V0 + w.
     """
 
-    discipline = "ps"
+    discipline: ClassVar[str] = "ps"
     __slots__ = ("_heap", "_seq", "_v")
 
     def __init__(self, speed: float = 1.0, utility: Utility | None = None, now: float = 0.0) -> None:
@@ -201,7 +212,7 @@ class FCFSNode(NodeModel):
     600 bytes each).
     """
 
-    discipline = "fcfs"
+    discipline: ClassVar[str] = "fcfs"
     __slots__ = ("_finish", "head", "tail")
 
     head: Task

@@ -3,7 +3,7 @@ and ``summarize`` turns into a result."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -15,7 +15,8 @@ class RawRun:
 
     batches: int
     ratios: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
-    sojourns: list[list[float]] = field(default_factory=list)  # per batch, by arrival batch
+    # per batch, by arrival batch (the simulator's are arrays of doubles)
+    sojourns: Sequence[Sequence[float]] = field(default_factory=list)
     r_time: dict[int | float, float] = field(
         default_factory=dict
     )  # model seconds at each value of what the policy learns (several: their mean)

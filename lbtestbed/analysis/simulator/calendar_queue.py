@@ -13,7 +13,7 @@ current day is kept as a heap (``today``), a few dozen events that stay in the c
 an append. Events beyond the ring's year wait in a heap of their own (``later``) until their day comes
 into range.
 
-The last event of today is a marker, ``(end, -1, DAY_OVER, None)``, at ``end``, the first instant of the
+The last event of today is a marker, ``(end, -1, None, DAY_OVER)``, at ``end``, the first instant of the
 next day: when it comes up (``today[0]``), the driver pops it and calls ``next_day``, which moves the next
 day that holds events into ``today``. A driver on a hot path may push an event before ``end`` straight
 onto the ``today`` heap (``heapq``), without a call; ``push`` files any event where it belongs. With
@@ -25,12 +25,14 @@ from __future__ import annotations
 import heapq
 import math
 
-#: (model time, sequence number, node or a negative kind, payload): see engine.py
-Event = tuple[float, int, int, object]
+from lbtestbed.model.nodes import NodeModel
+
+#: (model time, sequence number, the node that completes or None, what else it carries): see engine.py
+Event = tuple[float, int, NodeModel | None, object]
 
 INF = math.inf
-#: the kind of the marker that ends a day
-DAY_OVER = -2
+#: what the marker that ends a day carries
+DAY_OVER = "day over"
 
 
 class CalendarQueue:
@@ -51,7 +53,7 @@ class CalendarQueue:
         self.day = 0
         self.end = self._end_of(0) if self.per_time else INF
         self.idle = True  # nothing after today: the marker is at infinity
-        self.today: list[Event] = [(INF, -1, DAY_OVER, None)]  # a heap
+        self.today: list[Event] = [(INF, -1, None, DAY_OVER)]  # a heap
 
     def _end_of(self, day: int) -> float:
         """The first instant of day ``day + 1``: the least time whose day (``int(t * per_time)``) is after
@@ -74,9 +76,9 @@ class CalendarQueue:
         if self.idle:  # the marker comes back from infinity to the end of today
             self.idle = False
             today = self.today
-            today.remove((INF, -1, DAY_OVER, None))
+            today.remove((INF, -1, None, DAY_OVER))
             heapq.heapify(today)
-            heapq.heappush(today, (self.end, -1, DAY_OVER, None))
+            heapq.heappush(today, (self.end, -1, None, DAY_OVER))
         day = int(event[0] * self.per_time)
         if day - self.day < self.days:
             self.ring[day & self.mask].append(event)
@@ -103,11 +105,11 @@ class CalendarQueue:
                 self.filed -= len(bucket)
                 today.extend(bucket)
                 bucket.clear()
-                today.append((self.end, -1, DAY_OVER, None))
+                today.append((self.end, -1, None, DAY_OVER))
                 heapq.heapify(today)
                 return
         self.idle = True
-        heapq.heappush(today, (INF, -1, DAY_OVER, None))
+        heapq.heappush(today, (INF, -1, None, DAY_OVER))
 
     def __len__(self) -> int:
         return len(self.today) - 1 + self.filed + len(self.later)

@@ -1,24 +1,23 @@
-"""The simulator compiled with mypyc: opt-in, built beside the package, refused once its sources change.
+"""The simulator compiled with mypyc: used by default where it is built, refused once its sources change.
 
-Pure Python is the default and the reference. ``python -m lbtestbed.analysis.simulator.compiled build``
-compiles copies of the simulator's hot modules (``analysis/simulator/engine.py``, ``model/nodes.py``,
-``model/workload.py``) with mypyc, as the private package ``_lbt_compiled`` in ``build/compiled-simulator/``
-(or ``$LBT_COMPILED_DIR``), and records the SHA-256 of every source it compiled. Compiling the modules
-in place would put ``.so`` files beside the sources, where an editable install imports them instead of
-the ``.py`` files long after those have changed; the copies here live outside the package, so nothing
-imports them unless asked:
+``python -m lbtestbed.analysis.simulator.compiled build`` compiles copies of the simulator's modules
+(``MODULES``: the kernel, its queue, delays and measurement, the node models and the workload) with
+mypyc, as the private package ``_lbt_compiled``, and records the SHA-256 of every source it compiled. The
+build lives outside the package (``default_root``: ``$LBT_COMPILED_DIR``; in a source checkout its
+``build/compiled-simulator/``; else the user's cache), one directory per extension ABI. Compiling the
+modules in place would put ``.so`` files beside the sources, where an editable install imports them
+instead of the ``.py`` files long after those have changed; the copies here are imported only through
+``load()``, which checks the recorded hashes against the current sources first and refuses a stale
+build. ``build`` does nothing when the build is current, so ``make test`` and ``make demo`` (which run it)
+pay for it only when a source has changed.
 
-* ``LBT_SIMULATOR=compiled`` makes ``simulate_once`` (``lbt simulate``, its replications, ``lbt run``)
-  use them; ``LBT_SIMULATOR=python`` or unset keeps the pure-Python simulator.
-* ``load()`` checks the recorded hashes against the current sources first and refuses a stale build. For
-  ``simulate_once`` a refusal means one warning on stderr and the pure-Python simulator: the results are
-  the same either way, only slower.
-
-The copies import each other and the rest of the package as it is (policies, spec, distributions): only
-the three copies are frozen (the ``RawRun`` they fill is the package's own), and the hashes pin exactly
-those. mypyc turns the same Python float and int
-operations into the same IEEE double operations, so a compiled run gives the pure-Python run to the last
-bit (``tests/test_compiled_simulator.py``, ``benchmarks/check_simulator_identity.py --compiled``).
+``simulate_once`` (``lbt simulate``, its replications, ``lbt run``, ``lbt sweep``) runs the build unless
+``LBT_SIMULATOR=python`` says not to; when it is missing or stale (no C compiler, not built yet, a source
+changed), one line says so and the pure-Python simulator runs: the results are the same either way, to the
+last bit (mypyc turns the same Python float and int operations into the same IEEE double operations;
+``tests/test_compiled_simulator.py``, ``benchmarks/check_simulator_identity.py --compiled``). The copies
+import each other and the rest of the package as it is (policies, spec, distributions; the ``RawRun``
+they fill is the package's own).
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ import importlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -60,6 +60,8 @@ REWRITES = {
     "lbtestbed.model.workload": f"{TWIN}.workload",
 }
 ENV, DIR_ENV = "LBT_SIMULATOR", "LBT_COMPILED_DIR"
+#: LBT_SIMULATOR's values: the mypyc build where it is current (the default), or the pure-Python simulator
+CHOICES = ("compiled", "python")
 BUILD_HINT = "build it with: python -m lbtestbed.analysis.simulator.compiled build"
 
 
@@ -67,10 +69,26 @@ class Unavailable(Exception):
     """Why the compiled simulator cannot be used, in one line."""
 
 
+def default_root() -> Path:
+    """Where builds live: ``$LBT_COMPILED_DIR``; in a source checkout (``pyproject.toml`` beside the
+    package) its ``build/compiled-simulator``; else ``lbtestbed/compiled-simulator`` in the user's cache."""
+    if os.environ.get(DIR_ENV):
+        return Path(os.environ[DIR_ENV])
+    if (PACKAGE.parent / "pyproject.toml").is_file():
+        return PACKAGE.parent / "build" / "compiled-simulator"
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache) / "lbtestbed" / "compiled-simulator"
+
+
 def build_dir(root: Path | None = None) -> Path:
     """Where the build for this Python lives: one directory per extension ABI."""
-    base = root or Path(os.environ.get(DIR_ENV) or PACKAGE.parent / "build" / "compiled-simulator")
-    return base / _ext_suffix().strip(".").removesuffix(".so")
+    return (root or default_root()) / _ext_suffix().strip(".").removesuffix(".so")
+
+
+def compiler() -> str | None:
+    """The C compiler mypyc would use, if there is one."""
+    cc = str(sysconfig.get_config_var("CC") or "cc").split()[0]
+    return shutil.which(cc) or shutil.which("cc") or shutil.which("gcc")
 
 
 def _ext_suffix() -> str:
@@ -81,9 +99,14 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def build(root: Path | None = None, package: Path = PACKAGE) -> Path:
-    """Compile the copies; return the build directory. Raises Unavailable when mypyc fails."""
+def build(root: Path | None = None, package: Path = PACKAGE, force: bool = False) -> Path:
+    """Compile the copies, unless a build of the current sources is there (``force``: all the same); return
+    the build directory. Raises Unavailable when there is no C compiler or mypyc fails."""
     dest = build_dir(root)
+    if not force and _stale_because(dest, package) is None:
+        return dest
+    if compiler() is None:
+        raise Unavailable("no C compiler (cc) to build it with")
     src = dest / "src"
     twin = src / TWIN
     twin.mkdir(parents=True, exist_ok=True)
@@ -114,26 +137,34 @@ def build(root: Path | None = None, package: Path = PACKAGE) -> Path:
     return dest
 
 
-def load(root: Path | None = None, package: Path = PACKAGE) -> ModuleType:
-    """The compiled simulator module, after checking that it was built from the current sources."""
-    dest = build_dir(root)
+def _stale_because(dest: Path, package: Path) -> str | None:
+    """Why the build in ``dest`` is not of ``package``'s current sources for this Python; None if it is."""
     manifest_path = dest / "manifest.json"
     if not manifest_path.is_file():
-        raise Unavailable(f"not built (no {manifest_path}); {BUILD_HINT}")
+        return f"not built (no {manifest_path})"
     try:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise Unavailable(f"cannot read {manifest_path}: {e}; {BUILD_HINT}") from None
+        return f"cannot read {manifest_path}: {e}"
     if not isinstance(manifest, dict):
-        raise Unavailable(f"{manifest_path} is not a manifest; {BUILD_HINT}")
+        return f"{manifest_path} is not a manifest"
     if manifest.get("ext_suffix") != _ext_suffix():
-        raise Unavailable(f"{dest} was built for another Python; {BUILD_HINT}")
+        return f"{dest} was built for another Python"
     sources = manifest.get("sources")
     if not isinstance(sources, dict) or set(sources) != set(MODULES.values()):
-        raise Unavailable(f"{manifest_path} does not list the modules this version compiles; {BUILD_HINT}")
+        return f"{manifest_path} does not list the modules this version compiles"
     for rel, digest in sources.items():
         if _digest(package / rel) != digest:
-            raise Unavailable(f"stale: lbtestbed/{rel} changed since the build; {BUILD_HINT}")
+            return f"stale: lbtestbed/{rel} changed since the build"
+    return None
+
+
+def load(root: Path | None = None, package: Path = PACKAGE) -> ModuleType:
+    """The compiled simulator module, after checking that it was built from the current sources."""
+    dest = build_dir(root)
+    why = _stale_because(dest, package)
+    if why is not None:
+        raise Unavailable(f"{why}; {BUILD_HINT}")
     name = f"{TWIN}.engine"
     loaded = sys.modules.get(name)
     if loaded is not None and not str(loaded.__file__).startswith(str(dest / "src")):
@@ -155,29 +186,29 @@ def load(root: Path | None = None, package: Path = PACKAGE) -> ModuleType:
 
 
 def selected() -> bool:
-    """Whether ``LBT_SIMULATOR`` asks for the compiled simulator; a value other than python or compiled
-    is bad input."""
-    value = os.environ.get(ENV, "python")
-    if value not in ("python", "compiled"):
+    """Whether the compiled simulator is to be used: unless ``LBT_SIMULATOR=python``; a value other than
+    python or compiled is bad input."""
+    value = os.environ.get(ENV) or "compiled"
+    if value not in CHOICES:
         raise SpecError(ENV, "", f"must be python or compiled, got {value!r}")
     return value == "compiled"
 
 
-_warned: list[str] = []
+_said: list[str] = []
 
 
 def run_selected(exp: Experiment, replication: int = 0, progress: Progress | None = None) -> RawRun | None:
-    """One replication on the compiled simulator when ``LBT_SIMULATOR`` asks for it; None when it does
-    not, or when the build is unavailable (then with one warning per process: the pure-Python simulator
-    gives the same result)."""
+    """One replication on the compiled simulator, unless ``LBT_SIMULATOR=python``; None when not asked
+    for, or when the build is unavailable (then with one line per process: the pure-Python simulator gives
+    the same result)."""
     if not selected():
         return None
     try:
         module = load()
     except Unavailable as e:
-        if not _warned:
-            _warned.append(str(e))
-            print(f"lbt: warning: {ENV}=compiled: {e}; running the pure-Python simulator", file=sys.stderr)
+        if not _said:
+            _said.append(str(e))
+            print(f"lbt: note: compiled simulator: {e}; running the pure-Python one", file=sys.stderr)
         return None
     raw = module.Simulator(exp, replication, progress).run()
     assert isinstance(raw, RawRun)  # the copies build the package's own RawRun: it is not compiled
@@ -191,8 +222,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         if args == ["build"]:
-            print(f"compiling {', '.join(MODULES.values())} with mypyc (about a minute) ...", file=sys.stderr)
-            print(f"built {build(root=None)}")
+            why = _stale_because(build_dir(), PACKAGE)
+            if why is not None:
+                print(f"{why}: compiling the simulator with mypyc (about 15 s) ...", file=sys.stderr)
+                print(f"built {build(root=None)}")
         module = load()
     except Unavailable as e:
         print(f"lbt: error: compiled simulator: {e}", file=sys.stderr)

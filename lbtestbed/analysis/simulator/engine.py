@@ -20,6 +20,7 @@ loop takes in place of the general one.
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 from collections.abc import Callable
@@ -129,8 +130,6 @@ class Simulator:
         self.queue = _calendar(exp)
         self.today = self.queue.today  # pushed to directly on the hot paths (CalendarQueue)
         self.seq = 0  # the sequence number of the last event pushed: ties in time go in pushing order
-        self.version = [0] * exp.n  # of each node's live completion event (older ones are stale)
-        self.scheduled = [INF] * exp.n  # the time of each node's live completion event
         self.now = 0.0
         self.count = 0  # tasks arrived
         # whether a completion has anything to tell the delays (messages, or an answer someone hears)
@@ -174,7 +173,15 @@ class Simulator:
         for c in self.speed_changes:
             self.schedule(c.at, self._speed_change, c.node, c.factor)
         self.report_at = time.perf_counter() + 1.0
-        self._loop(boundaries, drain_until, None if instant is None else instant.pick)
+        for k, node in enumerate(self.nodes):
+            node.index = k
+        collecting = gc.isenabled()
+        gc.disable()  # the kernel leaves no cycles behind, and a full collection walks every node and task
+        try:
+            self._loop(boundaries, drain_until, None if instant is None else instant.pick)
+        finally:
+            if collecting:
+                gc.enable()
         if instant is not None:
             self._count_instant_probes(instant)
         self.measure.finish()
@@ -186,7 +193,7 @@ class Simulator:
         and completions are handled here without a call (an instant probe's arrivals too); so is the number
         of tasks in the system, integrated at each change (``self.left``: those that left elsewhere)."""
         queue, today, measure, arrivals = self.queue, self.today, self.measure, self.arrivals
-        nodes, occupancy, version, scheduled = self.nodes, self.occupancy, self.version, self.scheduled
+        nodes, occupancy = self.nodes, self.occupancy
         is_fcfs, node_class, sojourn, sojourn_class = self.is_fcfs, self.node_class, *measure.sojourns()
         arrived, fcfs_arrivals, fcfs_waits = measure.arrivals, measure.fcfs_arrivals, measure.fcfs_waits
         plain, quiet = self.plain, self.delays.leaves_at_completion and not self._talks()
@@ -225,15 +232,15 @@ class Simulator:
                     waits = node.arrive(task, t)
                     if not waits:  # a task that waits leaves the next completion alone (NodeModel.arrive)
                         nc = node.next_completion()
-                        if nc != scheduled[k]:  # _reschedule(k)
-                            v = version[k] = version[k] + 1
-                            scheduled[k] = nc
+                        if nc != node.due:  # _reschedule(node)
+                            node.due = nc
                             if nc < INF:
                                 self.seq += 1
+                                node.live = self.seq
                                 if nc < queue.end:
-                                    heappush(today, (nc, self.seq, k, v))
+                                    heappush(today, (nc, self.seq, node, None))
                                 else:
-                                    queue.file((nc, self.seq, k, v))
+                                    queue.file((nc, self.seq, node, None))
                     occupancy[k] = node.x
                     if batch >= 0:
                         arrived[batch] += 1
@@ -242,25 +249,27 @@ class Simulator:
                             fcfs_arrivals[batch] += 1
                             fcfs_waits[batch] += waits
             else:
-                _, _, k, what = top
-                if k < 0 or what != version[k]:  # a delivery, a stale completion or the end of the day
+                _, seq, owner, what = top
+                if owner is None or seq != owner.live:  # a delivery, a stale completion or the end of the day
                     heappop(today)
-                    aside = self._aside(t, k, what)
+                    aside = self._aside(t, owner, what)
                     if aside is None:
                         continue
                     step = aside
-                else:  # node k completes its task (its live event is on top)
-                    node = nodes[k]
+                else:  # the owner completes its task (its live event is on top)
+                    node = owner
                     task = node.complete(t)
+                    k = node.index
                     occupancy[k] = node.x
-                    nc = scheduled[k] = node.next_completion()
-                    if nc < INF:  # the top event was k's only live one: its successor keeps the version
+                    nc = node.due = node.next_completion()
+                    if nc < INF:  # the top event was its only live one: its successor replaces it
                         self.seq += 1
+                        node.live = self.seq
                         if nc < queue.end:
-                            heapreplace(today, (nc, self.seq, k, what))
+                            heapreplace(today, (nc, self.seq, node, None))
                         else:
                             heappop(today)
-                            queue.file((nc, self.seq, k, what))
+                            queue.file((nc, self.seq, node, None))
                     else:
                         heappop(today)
                     b = task.batch
@@ -288,14 +297,14 @@ class Simulator:
         self.events += count + sum(node.completions for node in self.nodes)
         self.now = max(self.now, last)
 
-    def _aside(self, t: float, k: int, payload: object) -> int | None:
-        """The event on top at ``t`` is neither an arrival nor a completion: a stale completion of node
-        ``k``, the end of the day (``DAY_OVER``), or (``k`` < 0) a delivery of something that was on its way
+    def _aside(self, t: float, node: NodeModel | None, payload: object) -> int | None:
+        """The event on top at ``t`` is neither an arrival nor a completion: a stale completion of
+        ``node``, the end of the day (``DAY_OVER``), or a delivery of something that was on its way
         (``payload``: a handler and its arguments, ``schedule``). How many tasks joined the system in it
         (< 0: left it); None when the number in the system is not integrated at it."""
-        if k >= 0:  # stale: integrated in the runs that always did (_stale_integrates)
+        if node is not None:  # stale: integrated in the runs that always did (_stale_integrates)
             return 0 if self.stale_integrates else None
-        if k == DAY_OVER:
+        if payload is DAY_OVER:
             self.queue.next_day()
             return None
         self._clock(t)
@@ -360,17 +369,17 @@ class Simulator:
     def schedule(self, t: float, handler: Handler, a: object, b: object = None) -> None:
         """Call ``handler(a, b)`` at model time ``t``."""
         self.seq += 1
-        self.queue.push((t, self.seq, -1, (handler, a, b)))
+        self.queue.push((t, self.seq, None, (handler, a, b)))
 
-    def _reschedule(self, k: int) -> None:
-        """Node ``k``'s next completion may have moved: queue it (its earlier event goes stale)."""
-        t = self.nodes[k].next_completion()
-        if t != self.scheduled[k]:
-            self.version[k] += 1
-            self.scheduled[k] = t
+    def _reschedule(self, node: NodeModel) -> None:
+        """The node's next completion may have moved: queue it (its earlier event goes stale)."""
+        t = node.next_completion()
+        if t != node.due:
+            node.due = t
+            self.seq += 1
+            node.live = self.seq  # also when idle: no event of it is live then
             if t < INF:
-                self.seq += 1
-                self.queue.push((t, self.seq, k, self.version[k]))
+                self.queue.push((t, self.seq, node, None))
 
     # ----------------------------------------------------------------------------- a task's way
 
@@ -425,7 +434,7 @@ class Simulator:
         if task.batch >= 0 and self.is_fcfs[k]:
             self.measure.fcfs_arrivals[task.batch] += 1
             self.measure.fcfs_waits[task.batch] += waits
-        self._reschedule(k)
+        self._reschedule(node)
         msgs = self.sides[k].on_arrival(node.x, task.origin, route.piggyback)
         if msgs:
             self.to_dispatcher(msgs)
@@ -447,7 +456,7 @@ class Simulator:
     def _speed_change(self, node: object, factor: object) -> None:
         assert isinstance(node, int) and isinstance(factor, float)
         self.nodes[node].set_speed(self.now, self.exp.node_speeds[node] * factor)
-        self._reschedule(node)
+        self._reschedule(self.nodes[node])
 
     # ------------------------------------------------------------------------------------- messages
 

@@ -11,6 +11,7 @@ unless the run's drain ends first.
 
 from __future__ import annotations
 
+from array import array
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
@@ -42,8 +43,13 @@ class Measurement:
         self.arrivals = [0] * B
         self.fcfs_arrivals = [0] * B
         self.fcfs_waits = [0] * B
-        self.sojourn: list[list[float]] = [[] for _ in range(B)]
-        self.sojourn_class: list[list[list[float]]] = [[[] for _ in range(B)] for _ in exp.classes]
+        # sojourns by batch (and by class and batch): appended to plain lists as tasks leave (the fastest
+        # append there is), moved at every batch boundary into arrays of doubles, 8 bytes a sojourn instead
+        # of the 40 of a float object in a list (a million nodes make 16 million sojourns in 20 s)
+        self.recent: list[list[float]] = [[] for _ in range(B)]
+        self.recent_class: list[list[list[float]]] = [[[] for _ in range(B)] for _ in exp.classes]
+        self.sojourn: list[array[float]] = [array("d") for _ in range(B)]
+        self.sojourn_class: list[list[array[float]]] = [[array("d") for _ in range(B)] for _ in exp.classes]
         self.decisions: Counter[str] = Counter()
         self.snapshots: list[dict[str, object]] = []
         # the learned quantity, called r here: ``learner`` is dispatcher 0; with several, ``learners``
@@ -134,16 +140,29 @@ class Measurement:
         self.batch = len(self.snapshots) - 1 if len(self.snapshots) <= self.B else -1
         if self.learner is not None and len(self.snapshots) in (1, self.B + 1):
             self.r_series.append((t, self.r))  # the series starts and ends with the window
+        self._keep()
 
     def sojourns(self) -> tuple[list[list[float]], list[list[list[float]]] | None]:
         """Where a driver appends each sojourn: by batch, and by class and batch unless there is one class
-        (``finish`` copies them then)."""
-        return self.sojourn, self.sojourn_class if len(self.sojourn_class) > 1 else None
+        (a single class's sojourns are all the sojourns)."""
+        return self.recent, self.recent_class if len(self.recent_class) > 1 else None
+
+    def _keep(self) -> None:
+        """Move the sojourns appended since the last boundary into the arrays."""
+        for kept, recent in zip(self.sojourn, self.recent, strict=True):
+            kept.extend(recent)
+            recent.clear()
+        if len(self.recent_class) > 1:
+            for by_batch, recent_by_batch in zip(self.sojourn_class, self.recent_class, strict=True):
+                for kept, recent in zip(by_batch, recent_by_batch, strict=True):
+                    kept.extend(recent)
+                    recent.clear()
 
     def finish(self) -> None:
-        """The run is over. A single class's sojourns are all the sojourns: the kernel keeps them once."""
+        """The run is over: every sojourn into the arrays."""
+        self._keep()
         if len(self.sojourn_class) == 1:
-            self.sojourn_class[0] = [list(s) for s in self.sojourn]
+            self.sojourn_class[0] = self.sojourn
 
     # ------------------------------------------------------------------------------------------ raw
 
