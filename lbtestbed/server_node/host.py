@@ -7,7 +7,7 @@ extra message). Completions fire from event-loop timers, which the core asks for
 wakes early is re-armed and one that wakes late completes the task at its scheduled model time, so a
 task's service lasts exactly its work / speed in model time whatever the timer error (only the HTTP reply
 carries the lateness). Its routes take a request's JSON object and give a ``wire.Reply``, whatever the
-server: ``server_node.app`` serves them with aiohttp.
+server: ``server_node.app`` serves the task path on the lean server and the rest with aiohttp.
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import orjson
+from prometheus_client.core import Metric
 
 from lbtestbed.model.clock import ModelClock
 from lbtestbed.model.distributions import BlockSampler
@@ -33,6 +34,7 @@ from lbtestbed.server_node.metrics import NodeMetrics
 from lbtestbed.transport import wire
 from lbtestbed.transport.actions import Send
 from lbtestbed.transport.http import Peers
+from lbtestbed.transport.lean_http import Stats, stats_metrics
 from lbtestbed.transport.metrics import listener_metrics
 from lbtestbed.transport.process import ConnectionGuard, machine
 from lbtestbed.transport.signing import Signer, Verifier
@@ -103,9 +105,12 @@ class NodeHost:
         self.machine = machine()
         self.t0_unix = 0.0
         self.guard: ConnectionGuard | None = None  # the listener's, set by the process that serves it
-        self.metrics.collect_from(
-            self.core, self.snapshot, lambda: listener_metrics("node", self.guard, self.verifier.refused)
-        )
+        self.http = Stats()  # what the lean server of its task path did
+        self.metrics.collect_from(self.core, self.snapshot, self._listener_metrics)
+
+    def _listener_metrics(self) -> Iterator[Metric]:
+        yield from listener_metrics("node", self.guard, self.verifier.refused)
+        yield from stats_metrics("node", self.http)
 
     # ------------------------------------------------------------------------------------------ clock
 

@@ -44,6 +44,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import sys
 import time
 import traceback
@@ -84,6 +85,7 @@ _STATUS_LINES = {status: b"HTTP/1.1 %d %s\r\n" % (status, reason) for status, re
 _AUTH = AUTHORIZATION.lower().encode()
 _SCHEME = SCHEME.encode() + b" "
 _SIGNATURE = SIGNATURE.encode()
+_SEGMENT = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)?\}")
 _INFLATE = {b"gzip": 16 + zlib.MAX_WBITS, b"x-gzip": 16 + zlib.MAX_WBITS, b"deflate": zlib.MAX_WBITS}
 
 
@@ -114,6 +116,12 @@ def json_response(obj: Any, status: int = 200) -> Response:
 def error(status: int, message: str, field: str = "", **extra: Any) -> Response:
     """The protocol's JSON error (``wire.error_reply``'s very bytes, without aiohttp)."""
     return Response(status, json.dumps(wire.error_body(message, field, **extra)).encode())
+
+
+def reply(r: wire.Reply) -> Response:
+    """The answer of a ``wire.Reply``: compact (orjson) on the task path, else as ``json.dumps`` writes it
+    (as ``aiohttp_glue.respond`` does)."""
+    return Response(r.status, orjson.dumps(r.body) if r.compact else json.dumps(r.body).encode())
 
 
 def _plain(status: int) -> Response:
@@ -174,26 +182,29 @@ class Route:
 
 
 class Routes:
-    """The route table: an exact path, or a path with one ``{}`` standing for a segment of ASCII digits."""
+    """The route table: an exact path, or a path with one ``{}`` (or ``{name}``) standing for a segment of
+    ASCII digits; the name is what the segment is called where the routes are mounted on an aiohttp app."""
 
     def __init__(self) -> None:
         self.exact: dict[bytes, dict[bytes, Route]] = {}
-        self._patterns: list[tuple[bytes, bytes, dict[bytes, Route]]] = []
+        #: (prefix, suffix, routes by method, the segment's name) of every path with an integer segment
+        self.patterns: list[tuple[bytes, bytes, dict[bytes, Route], str]] = []
 
     def add(self, method: str, path: str, handler: Handler, *, verifier: Verifier | None = None) -> None:
         """Serve ``method`` on ``path`` with ``handler``; with a ``verifier`` only signed requests reach it
         (401 otherwise) and its answers are signed. A GET route answers HEAD too (without the body)."""
-        if not path.startswith("/") or path.count("{}") > 1 or "{" in path.replace("{}", ""):
-            raise ValueError(f"{path!r}: a path with at most one {{}} (an integer segment)")
-        raw = path.encode()
-        if b"{}" in raw:
-            prefix, _, suffix = raw.partition(b"{}")
-            found = [m for p, s, m in self._patterns if (p, s) == (prefix, suffix)]
+        segment = _SEGMENT.search(path)
+        rest = path if segment is None else path[: segment.start()] + path[segment.end() :]
+        if not path.startswith("/") or "{" in rest or "}" in rest:
+            raise ValueError(f"{path!r}: a path with at most one {{}} or {{name}} (an integer segment)")
+        if segment is not None:
+            prefix, suffix = path[: segment.start()].encode(), path[segment.end() :].encode()
+            found = [m for p, s, m, _ in self.patterns if (p, s) == (prefix, suffix)]
             methods = found[0] if found else {}
             if not found:
-                self._patterns.append((prefix, suffix, methods))
+                self.patterns.append((prefix, suffix, methods, segment.group(1) or "param"))
         else:
-            methods = self.exact.setdefault(raw, {})
+            methods = self.exact.setdefault(path.encode(), {})
         if method.upper().encode() in methods:
             raise ValueError(f"{method} {path} has a route already")
         methods[method.upper().encode()] = Route(handler, verifier)
@@ -210,7 +221,7 @@ class Routes:
         methods = self.exact.get(path)
         param = None
         if methods is None:
-            for prefix, suffix, candidates in self._patterns:
+            for prefix, suffix, candidates, _ in self.patterns:
                 if path.startswith(prefix) and path.endswith(suffix):
                     middle = path[len(prefix) : len(path) - len(suffix)]
                     if middle.isdigit():  # ASCII digits only (bytes)
@@ -224,21 +235,29 @@ class Routes:
         return route, param, methods
 
 
+#: the lean routes an aiohttp app carries (``mount``): a process serves them on the lean server
+ROUTES = web.AppKey("lean_routes", Routes)
+
+
 def mount(routes: Routes, app: web.Application) -> None:
-    """Serve ``routes`` on the aiohttp ``app`` too, for connections handed over to it (a client that asked
-    for an admin route first, then for a task on the same connection): the same handlers, with aiohttp's
-    body checks and ``aiohttp_glue.signed``, and each answer closes its connection, so that the client's next
-    request opens a new one, which this server serves. Call it before the app's runner is set up."""
+    """Serve ``routes`` on the aiohttp ``app`` too, and attach them to it (``app[ROUTES]``), so that the app
+    is the process's whole interface: ``transport.process`` serves its lean routes on the lean server and
+    hands it the rest, and an app served by aiohttp alone still answers every route. On a connection
+    handed over to the app (a client that asked for an admin route first, then for a task on the same
+    connection) the same handlers run, with aiohttp's body checks and ``aiohttp_glue.signed``, and each
+    answer closes its connection, so that the client's next request opens a new one, which the lean server
+    serves. Call it before the app's runner is set up."""
+    app[ROUTES] = routes
     for raw, methods in routes.exact.items():
         for method, route in methods.items():
-            app.router.add_route(method.decode(), raw.decode(), _adapted(route))
-    for prefix, suffix, methods in routes._patterns:
-        path = (prefix + b"{param:[0-9]+}" + suffix).decode()
+            app.router.add_route(method.decode(), raw.decode(), _adapted(route, ""))
+    for prefix, suffix, methods, name in routes.patterns:
+        path = f"{prefix.decode()}{{{name}:[0-9]+}}{suffix.decode()}"
         for method, route in methods.items():
-            app.router.add_route(method.decode(), path, _adapted(route))
+            app.router.add_route(method.decode(), path, _adapted(route, name))
 
 
-def _adapted(route: Route) -> aiohttp_glue.Handler:
+def _adapted(route: Route, segment: str) -> aiohttp_glue.Handler:
     async def handle(request: web.Request) -> web.StreamResponse:
         try:
             body = await aiohttp_glue.read_body(request)
@@ -250,7 +269,7 @@ def _adapted(route: Route) -> aiohttp_glue.Handler:
         lean = Request(
             request.method,
             request.raw_path,
-            request.match_info.get("param"),
+            request.match_info.get(segment),
             headers,
             body,
             request.transport.get_extra_info("peername") if request.transport else None,
@@ -769,7 +788,8 @@ class _Connection(asyncio.Protocol):
 class LeanServer:
     """Serves ``routes`` on the connections its listener accepts; ``fallback`` (a protocol factory such as
     aiohttp's ``web.Server``) takes the connections whose request matches no route. The timeouts and the
-    body limit default to the protocol's (a test may shorten them)."""
+    body limit default to the protocol's (a test may shorten them); ``stats`` (default: new ones) is where
+    it counts what it did (a host passes its own, to export them)."""
 
     def __init__(
         self,
@@ -779,11 +799,12 @@ class LeanServer:
         max_body: int = wire.MAX_BODY,
         body_timeout: float = wire.BODY_TIMEOUT,
         idle_timeout: float = IDLE_TIMEOUT,
+        stats: Stats | None = None,
     ) -> None:
         self.routes = routes
         self.fallback = fallback
         self.max_body, self.body_timeout, self.idle_timeout = max_body, body_timeout, idle_timeout
-        self.stats = Stats()
+        self.stats = stats if stats is not None else Stats()
         self.connections: set[_Connection] = set()
         self.tasks: set[asyncio.Task[None]] = set()
         self.closing = False
