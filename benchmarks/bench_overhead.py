@@ -100,8 +100,30 @@ def spread(values: list[float]) -> dict[str, float]:
     return {"median": float(np.median(values)), "min": min(values), "max": max(values)}
 
 
-def run_rounds(url: str, exp: Any, tasks: list[tuple[float, float]], rounds: int, tmp: str) -> list[dict]:
-    """``rounds`` rounds of the echo then the cluster; each round's quantiles, legs and CPU per task."""
+def start_profilers(pids: dict[str, list[int]], seconds: float, out: Path) -> list[subprocess.Popen[bytes]]:
+    """``perf record`` (where the CPU goes, kernel included, by library and symbol) and ``py-spy record``
+    (the Python functions) on every process for ``seconds``."""
+    out.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for role, ps in {"generator": [os.getpid()], **pids}.items():
+        for i, pid in enumerate(ps):
+            name = f"{role}-{i}"
+            perf = ["perf", "record", "-F", "499", "-g", "-p", str(pid), "-o", str(out / f"{name}.perf.data")]
+            procs.append(subprocess.Popen([*perf, "--", "sleep", str(seconds)], stderr=subprocess.DEVNULL))
+            spy = [str(Path(sys.executable).with_name("py-spy")), "record", "--nonblocking"]
+            spy += ["-r", "200", "-d", str(int(seconds)), "-f", "raw", "-p", str(pid)]
+            procs.append(
+                subprocess.Popen([*spy, "-o", str(out / f"{name}.pyspy.txt")], stdout=subprocess.DEVNULL)
+            )
+    time.sleep(0.5)  # both attached before the round starts
+    return procs
+
+
+def run_rounds(
+    url: str, exp: Any, tasks: list[tuple[float, float]], rounds: int, tmp: str, profile: Path | None = None
+) -> list[dict]:
+    """``rounds`` rounds of the echo then the cluster; each round's quantiles, legs and CPU per task; with
+    ``profile``, the last cluster round's processes profiled into that directory."""
     scale = exp.run.time_scale
     times = [t * scale for t, _ in tasks]
     out = []
@@ -111,9 +133,14 @@ def run_rounds(url: str, exp: Any, tasks: list[tuple[float, float]], rounds: int
         for r in range(rounds):
             print(f"round {r + 1}/{rounds}: echo, then the cluster", file=sys.stderr)
             echo = uvloop.run(echo_round(url, times))
+            profilers = []
+            if profile is not None and r == rounds - 1:
+                profilers = start_profilers(pids, times[-1] + 0.5, profile)
             before = {role: sum(map(cpu_seconds, ps)) for role, ps in pids.items()}
             own = time.process_time()  # the generator is this process
             report = uvloop.run(drive([d.url for d in f.dispatchers], tasks, scale))
+            for proc in profilers:
+                proc.wait()
             cpu = {"generator": time.process_time() - own}
             cpu.update({role: sum(map(cpu_seconds, ps)) - before[role] for role, ps in pids.items()})
             recs = report.records
@@ -174,6 +201,9 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=5.0, help="wall seconds per round and path (default 5)")
     p.add_argument("--rounds", type=int, default=5, help="rounds of echo then cluster (default 5)")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.add_argument(
+        "--profile", metavar="DIR", type=Path, help="perf and py-spy profiles of the last cluster round"
+    )
     args = p.parse_args()
     scale = TASK_WALL  # one model second (the mean task) lasts 20 ms
     with tempfile.TemporaryDirectory(prefix="lbt-overhead-") as tmp:
@@ -185,7 +215,7 @@ def main() -> int:
         echo = subprocess.Popen([sys.executable, "-c", ECHO, str(port)], stdout=subprocess.DEVNULL)
         try:
             time.sleep(1.0)
-            rounds = run_rounds(f"http://127.0.0.1:{port}", exp, tasks, args.rounds, tmp)
+            rounds = run_rounds(f"http://127.0.0.1:{port}", exp, tasks, args.rounds, tmp, args.profile)
         finally:
             echo.terminate()
             echo.wait()
