@@ -10,6 +10,7 @@ reads the request, calls the host and writes its ``wire.Reply``.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable
 
 from aiohttp import web
 
@@ -23,26 +24,26 @@ from lbtestbed.transport.aiohttp_glue import (
     signed,
     timings_handler,
 )
-from lbtestbed.transport.lean_http import Request, Response, Routes, mount, reply
+from lbtestbed.transport.lean_http import Request, Routes, mount
 
 
 def task_routes(host: DispatcherHost) -> Routes:
     """The task path's routes, for the lean server."""
 
-    async def post_task(request: Request) -> Response:
+    def post_task(request: Request) -> wire.Reply | Awaitable[wire.Reply]:
         accepted = time.monotonic()  # not the loop clock: uvloop's has millisecond resolution
         try:
             body = request.json()
         except wire.BadRequest as e:
-            return reply(wire.bad_request(e))
-        return reply(await host.task(body, accepted))
+            return wire.bad_request(e)
+        return host.task(body, accepted)  # the answer once the task's node has served it
 
-    def post_messages(request: Request) -> Response:
+    def post_messages(request: Request) -> wire.Reply:
         try:
             body = request.json()
         except wire.BadRequest as e:
-            return reply(wire.bad_request(e))
-        return reply(host.messages(body))
+            return wire.bad_request(e)
+        return host.messages(body)
 
     routes = Routes()
     routes.post(wire.PREFIX + "/tasks", post_task)

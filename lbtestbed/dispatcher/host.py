@@ -169,9 +169,11 @@ class DispatcherHost:
                 replies = [probes.create_task(self._probe(k)) for k in ticket.probe.nodes]
             core.resolve(ticket, [r.result() for r in replies], time.monotonic())
         route = core.route(ticket, time.monotonic())  # it is forwarded: its latency at the dispatcher starts
-        forward = asyncio.ensure_future(self._forward(ticket, route))  # awaited below
-        self.act()  # threshold updates follow the task they were decided with
-        await forward
+        # threshold updates follow the task they were decided with: act() starts their tasks, which run
+        # once this one waits, and the forward's request is written before it waits (unless it has to
+        # open a connection first, or sleep an emulated delay, as the messages do too)
+        self.act()
+        await self._forward(ticket, route)
         return core.answer(ticket, time.monotonic())
 
     async def _probe(self, k: int) -> int:

@@ -10,7 +10,7 @@ node first: one this host does not serve is a 404 whatever the body.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -26,35 +26,35 @@ from lbtestbed.transport.aiohttp_glue import (
     signed,
     timings_handler,
 )
-from lbtestbed.transport.lean_http import Request, Response, Routes, mount, reply
+from lbtestbed.transport.lean_http import Request, Routes, mount
 
 
 def task_routes(host: NodeHost) -> Routes:
     """The task path's routes, for the lean server (every one signed: only dispatchers call them)."""
 
-    async def post_task(request: Request) -> Response:
+    def post_task(request: Request) -> wire.Reply | Awaitable[wire.Reply]:
         k = host.node_of(request.param or "")  # the route admits digits only
         if isinstance(k, wire.Reply):
-            return reply(k)
+            return k
         try:
             body = request.json()
         except wire.BadRequest as e:
-            return reply(wire.bad_request(e))
-        return reply(await host.task(k, body))
+            return wire.bad_request(e)
+        return host.task(k, body)  # its reply when served: a future, answered without a task
 
-    def post_probe(request: Request) -> Response:
+    def post_probe(request: Request) -> wire.Reply:
         k = host.node_of(request.param or "")
-        return reply(k if isinstance(k, wire.Reply) else host.probe(k))
+        return k if isinstance(k, wire.Reply) else host.probe(k)
 
-    def post_messages(request: Request) -> Response:
+    def post_messages(request: Request) -> wire.Reply:
         k = host.node_of(request.param or "")
         if isinstance(k, wire.Reply):
-            return reply(k)
+            return k
         try:
             body = request.json()
         except wire.BadRequest as e:
-            return reply(wire.bad_request(e))
-        return reply(host.messages(k, body))
+            return wire.bad_request(e)
+        return host.messages(k, body)
 
     routes = Routes()
     node = wire.PREFIX + "/nodes/{node}"

@@ -13,6 +13,7 @@ server: ``server_node.app`` serves the task path on the lean server and the rest
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -28,8 +29,7 @@ from lbtestbed.model.distributions import BlockSampler
 from lbtestbed.model.experiment import Experiment
 from lbtestbed.model.nodes import INF, NodeModel
 from lbtestbed.model.streams import seed_sequence
-from lbtestbed.policies import Message
-from lbtestbed.server_node.core import Arm, Completed, NodeCore
+from lbtestbed.server_node.core import Admitted, Arm, Completed, NodeCore
 from lbtestbed.server_node.metrics import NodeMetrics
 from lbtestbed.transport import wire
 from lbtestbed.transport.actions import Send
@@ -92,9 +92,9 @@ class NodeHost:
             )
         self.timers: dict[int, asyncio.TimerHandle] = {}
         self.late = _test_timer_late()  # 0 but in tests (TEST_TIMER_LATE)
-        # a task's request waits for (model completion time, messages riding on the reply, monotonic instant
-        # the completion ran: the timer's lateness is that minus the completion's own instant)
-        self.waiting: dict[int, asyncio.Future[tuple[float, list[Message], float]]] = {}
+        # the requests of tasks in service, by task: their node, the task as admitted, and the future of
+        # their reply, set when the task completes
+        self.waiting: dict[int, tuple[int, Admitted, asyncio.Future[Reply]]] = {}
         self.peers = Peers(signer=self.signer)  # to the dispatchers: state messages
         self.loop: asyncio.AbstractEventLoop | None = None
         self.background = TaskSet(f"node host {self.ids[0]} messages")
@@ -178,13 +178,22 @@ class NodeHost:
             if isinstance(action, Arm):
                 self._arm(action.node, action.t)
             elif isinstance(action, Completed):
-                fut = self.waiting.pop(action.task, None)
-                if fut is not None and not fut.done():
-                    fut.set_result((action.t, action.riders, time.monotonic()))
+                self._completed(action)
             elif isinstance(action, Send):
                 self.background.spawn(self._post_message(action))
             else:
                 log.warning("%s", action.text)
+
+    def _completed(self, done: Completed) -> None:
+        """A task completed: its request's reply, at once (the timer's lateness is this instant minus the
+        completion's own)."""
+        waiting = self.waiting.pop(done.task, None)
+        if waiting is None:
+            return
+        k, admitted, reply = waiting
+        if not reply.done():  # (cancelled: the server is closing)
+            now = time.monotonic()
+            reply.set_result(self.core.served(k, admitted, done.t, done.riders, now, now))
 
     def _arm(self, k: int, t: float) -> None:
         old = self.timers.pop(k, None)
@@ -227,21 +236,26 @@ class NodeHost:
 
     # ----------------------------------------------------------------------------------------- routes
 
-    async def task(self, k: int, body: Mapping[str, Any]) -> Reply:
-        """``POST /v1/nodes/k/tasks``: the answer once the task is served (or refused)."""
+    def task(self, k: int, body: Mapping[str, Any]) -> Reply | asyncio.Future[Reply]:
+        """``POST /v1/nodes/k/tasks``: the answer at once (refused), or a future of it, set when the task
+        has been served. A future, not a coroutine: the server answers from its done callback, with no task
+        per request."""
         admitted = self.core.arrive(k, body, self.now())
         self.act()
         if isinstance(admitted, Reply):
             return admitted
         assert self.loop is not None
-        fut: asyncio.Future[tuple[float, list[Message], float]] = self.loop.create_future()
-        self.waiting[admitted.task] = fut
-        try:
-            done, riders, fired = await fut
-        finally:
-            self.waiting.pop(admitted.task, None)
-            self.core.forget(admitted.task)
-        return self.core.served(k, admitted, done, riders, fired, time.monotonic())
+        reply: asyncio.Future[Reply] = self.loop.create_future()
+        reply.add_done_callback(functools.partial(self._gone, admitted.task))
+        self.waiting[admitted.task] = (k, admitted, reply)
+        return reply
+
+    def _gone(self, task: int, reply: asyncio.Future[Reply]) -> None:
+        """A task's request no longer waits for its reply (the server cancelled it, closing, or the client
+        left): the messages that would have ridden on it go on requests of their own."""
+        if reply.cancelled():
+            self.waiting.pop(task, None)
+            self.core.forget(task)
 
     def probe(self, k: int) -> Reply:
         """``POST /v1/nodes/k/probe``."""

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import re
@@ -124,6 +125,16 @@ def reply(r: wire.Reply) -> Response:
     return Response(r.status, orjson.dumps(r.body) if r.compact else json.dumps(r.body).encode())
 
 
+def _response(result: Any, request: Request, server: LeanServer) -> Response:
+    """A handler's ``Response``, or the one of its ``wire.Reply``; anything else is a bug (500)."""
+    kind = type(result)
+    if kind is Response:
+        return cast(Response, result)
+    if kind is wire.Reply:
+        return reply(result)
+    return server._handler_failed(request, TypeError(f"handler returned {result!r}"))
+
+
 def _plain(status: int) -> Response:
     """aiohttp's own plain-text answer for an unknown path or method, e.g. ``404: Not Found``."""
     return Response(status, b"%d: %s" % (status, _REASONS[status]), TEXT)
@@ -172,7 +183,10 @@ class Request:
         return wire.decode_json(self.body, self.charset)
 
 
-Handler = Callable[[Request], "Awaitable[Response] | Response"]
+#: what a handler returns: a ``Response`` or a ``wire.Reply`` (encoded as ``reply`` does), at once, or from a
+#: coroutine, or as the result of an ``asyncio.Future`` (answered by its done callback, without a task)
+Answer = Response | wire.Reply
+Handler = Callable[[Request], "Answer | Awaitable[Answer]"]
 
 
 @dataclass(frozen=True)
@@ -275,7 +289,9 @@ def _adapted(route: Route, segment: str) -> aiohttp_glue.Handler:
             request.transport.get_extra_info("peername") if request.transport else None,
         )
         result = route.handler(lean)
-        answer = result if type(result) is Response else await cast(Awaitable[Response], result)
+        if type(result) is not Response and type(result) is not wire.Reply:
+            result = await cast(Awaitable[Answer], result)
+        answer = result if type(result) is Response else reply(cast(wire.Reply, result))
         response = web.Response(status=answer.status, body=answer.body, headers=dict(answer.headers))
         response.headers["Content-Type"] = answer.content_type.decode()
         response.force_close()
@@ -637,22 +653,31 @@ class _Connection(asyncio.Protocol):
             self.peer,
         )
         self.server.stats.requests += 1
+        self._handle(slot, route, request)
+
+    def _handle(self, slot: _Slot, route: Route, request: Request) -> None:
+        """Run the handler: its answer now, or when its future is done, or its coroutine returns."""
+        server = self.server
         try:
             result = route.handler(request)
         except Exception as e:
-            self._answer(slot, self.server._handler_failed(request, e))
+            self._answer(slot, server._handler_failed(request, e))
             return
-        if type(result) is Response:
-            self._answer(slot, result)
-            return
-        # the coroutine that awaits the handler answers as the handler returns (a done callback would
-        # cost one more turn of the loop); Python 3.12 runs it eagerly, up to the handler's first wait
-        task = _task(self._run(slot, request, cast(Awaitable[Response], result)))
-        slot.task = task
-        if not task.done():
-            self.server.tasks.add(task)
+        kind = type(result)
+        if kind is Response or kind is wire.Reply:
+            self._answer(slot, _response(result, request, server))
+        elif isinstance(result, asyncio.Future):  # answered by its done callback: no task at all
+            server.tasks.add(result)
+            result.add_done_callback(functools.partial(self._settled, slot, request))
+        else:
+            # the coroutine that awaits the handler answers as the handler returns (a done callback would
+            # cost one more turn of the loop); Python 3.12 runs it eagerly, up to the handler's first wait
+            task = _task(self._run(slot, request, cast(Awaitable[Answer], result)))
+            slot.task = task
+            if not task.done():
+                server.tasks.add(task)
 
-    async def _run(self, slot: _Slot, request: Request, handler: Awaitable[Response]) -> None:
+    async def _run(self, slot: _Slot, request: Request, handler: Awaitable[Answer]) -> None:
         try:
             result = await handler
         except asyncio.CancelledError:  # the server is closing: no answer
@@ -662,9 +687,19 @@ class _Connection(asyncio.Protocol):
             result = self.server._handler_failed(request, e)
         finally:
             self.server.tasks.discard(slot.task)
-        if type(result) is not Response:
-            result = self.server._handler_failed(request, TypeError(f"handler returned {result!r}"))
-        self._answer(slot, result)
+        self._answer(slot, _response(result, request, self.server))
+
+    def _settled(self, slot: _Slot, request: Request, future: asyncio.Future[Answer]) -> None:
+        """A handler's future is done: its answer (none if it was cancelled: the server is closing)."""
+        self.server.tasks.discard(future)
+        if future.cancelled():
+            self._answer(slot, None)
+            return
+        failed = future.exception()
+        if failed is not None:
+            self._answer(slot, self.server._handler_failed(request, failed))
+            return
+        self._answer(slot, _response(future.result(), request, self.server))
 
     def _answer(self, slot: _Slot, response: Response | None) -> None:
         """Give ``slot`` its answer (None: close without one) and send what is ready, in order."""
@@ -806,7 +841,7 @@ class LeanServer:
         self.max_body, self.body_timeout, self.idle_timeout = max_body, body_timeout, idle_timeout
         self.stats = stats if stats is not None else Stats()
         self.connections: set[_Connection] = set()
-        self.tasks: set[asyncio.Task[None]] = set()
+        self.tasks: set[asyncio.Future[Any]] = set()  # handlers' tasks and futures not done yet
         self.closing = False
         self.listener: asyncio.Server | None = None
         self._sweeper: asyncio.TimerHandle | None = None
