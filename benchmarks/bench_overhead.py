@@ -14,8 +14,10 @@ Reported, per round and as medians (ranges) over the rounds: p50 and p99 of both
 ratios (each round's overhead over the echo of the same round), the p50 of every leg, the load average,
 and the CPU time per completed task of the generator (this process, over the cluster round), the
 dispatcher and the node processes (user + system, from ``/proc/PID/stat``; the echo rounds in between
-leave them idle but for their health checks) and of all of them. Targets (issue 26): at 2,000 tasks/s,
-overhead p50 <= 1.5 x and p99 <= 3 x the echo's, CPU per task over all processes <= 150 µs.
+leave them idle but for their health checks) and of all of them; and, over the echo rounds, the CPU per
+request of the echo's client (this process: what a bare client costs) and of the idle cluster
+(heartbeats, timers). Targets (issue 26): at 2,000 tasks/s, overhead p50 <= 1.5 x and p99 <= 3 x the
+echo's, CPU per task over all processes <= 150 µs.
 
     .venv/bin/python benchmarks/bench_overhead.py [--rate 2000] [--seconds 5] [--rounds 5] [--json]
 """
@@ -132,7 +134,15 @@ def run_rounds(
         pids = {"dispatcher": [d.pid for d in f.dispatchers], "nodes": [h.pid for h in f.node_hosts]}
         for r in range(rounds):
             print(f"round {r + 1}/{rounds}: echo, then the cluster", file=sys.stderr)
+            idle = sum(cpu_seconds(pid) for ps in pids.values() for pid in ps)
+            own = time.process_time()
             echo = uvloop.run(echo_round(url, times))
+            echo_cpu = {  # this client's, and what the idle cluster spent meanwhile (heartbeats, timers)
+                "client": 1e6 * (time.process_time() - own) / len(times),
+                "cluster_idle": 1e6
+                * (sum(cpu_seconds(p) for ps in pids.values() for p in ps) - idle)
+                / len(times),
+            }
             profilers = []
             if profile is not None and r == rounds - 1:
                 profilers = start_profilers(pids, times[-1] + 0.5, profile)
@@ -158,6 +168,7 @@ def run_rounds(
                     "overhead": quantiles(overhead),
                     "legs": legs,
                     "cpu_us_per_task": cpu_us,
+                    "echo_cpu_us_per_request": echo_cpu,
                     "completed": len(recs),
                     "scheduled": len(tasks),
                     "loadavg": os.getloadavg()[0],
@@ -180,6 +191,9 @@ def summary(rate: float, rounds: list[dict]) -> dict[str, Any]:
     out["legs_p50_ms"] = {k: over(lambda r, k=k: r["legs"][k]["p50_ms"]) for k in rounds[0]["legs"]}
     out["cpu_us_per_task"] = {
         k: over(lambda r, k=k: r["cpu_us_per_task"][k]) for k in rounds[0]["cpu_us_per_task"]
+    }
+    out["echo_cpu_us_per_request"] = {
+        k: over(lambda r, k=k: r["echo_cpu_us_per_request"][k]) for k in rounds[0]["echo_cpu_us_per_request"]
     }
     out["loadavg"] = over(lambda r: r["loadavg"])
     out["target"] = {"ratio_p50": 1.5, "ratio_p99": 3.0, "cpu_us_per_task": 150.0}
@@ -239,6 +253,11 @@ def main() -> int:
         "CPU per task (µs): "
         + ", ".join(f"{k} {_fmt(v, 0)}" for k, v in cpu.items())
         + " (target all <= 150)"
+    )
+    echo_cpu = out["echo_cpu_us_per_request"]
+    print(
+        f"during the echo rounds, per request: the echo's client {_fmt(echo_cpu['client'], 0)} µs, "
+        f"the idle cluster {_fmt(echo_cpu['cluster_idle'], 0)} µs"
     )
     print(f"targets: {'met' if out['meets_target'] else 'not met'}")
     return 0
