@@ -3,11 +3,12 @@
 Each virtual node runs the spec's node model in wall time (``time_scale`` wall seconds per model second,
 through one ``ModelClock``) and the node side of the policy. A forwarded task's request stays open until
 the task completes (synchronous completion: the dispatcher and the client see the completion without an
-extra message). Completions fire from event-loop timers, which the core asks for (``Arm``); a timer that
-wakes early is re-armed and one that wakes late completes the task at its scheduled model time, so a
-task's service lasts exactly its work / speed in model time whatever the timer error (only the HTTP reply
-carries the lateness). Its routes take a request's JSON object and give a ``wire.Reply``, whatever the
-server: ``server_node.app`` serves the task path on the lean server and the rest with aiohttp.
+extra message). Completions fire from timers, which the core asks for (``Arm``): an alarm at the
+completion's instant (``transport.alarm``), never early; one that wakes late completes the task at its
+scheduled model time, so a task's service lasts exactly its work / speed in model time whatever the timer
+error (only the HTTP reply carries the lateness). Its routes take a request's JSON object and give a
+``wire.Reply``, whatever the server: ``server_node.app`` serves the task path on the lean server and the
+rest with aiohttp.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from lbtestbed.server_node.core import Admitted, Arm, Completed, NodeCore
 from lbtestbed.server_node.metrics import NodeMetrics
 from lbtestbed.transport import wire
 from lbtestbed.transport.actions import Send
+from lbtestbed.transport.alarm import Alarm
 from lbtestbed.transport.http import Peers
 from lbtestbed.transport.lean_http import Stats, stats_metrics
 from lbtestbed.transport.metrics import listener_metrics
@@ -43,7 +45,6 @@ from lbtestbed.transport.wire import Reply
 
 log = logging.getLogger("lbtestbed.server_node")
 
-EARLY_WAKE = 0.0002  # wall seconds: a timer that fires earlier than this before its target is re-armed
 #: a test-only hook (tests/test_run_legs.py): every completion timer fires late by this share of its wait, a
 #: bug of the emulation that its twin replays as measured and that the legs held against the machine catch
 TEST_TIMER_LATE = "LBT_TEST_TIMER_LATE"
@@ -90,7 +91,9 @@ class NodeHost:
                 exp.network.delay,
                 np.random.default_rng(seed_sequence(exp.seed, "network", 1000 + self.ids[0])),
             )
-        self.timers: dict[int, asyncio.TimerHandle] = {}
+        # each node's completion timer (its next event): an alarm at the instant itself, never early
+        # (transport.alarm: the loop's own timers count whole milliseconds and fire up to one early)
+        self.alarms: dict[int, Alarm] = {}
         self.late = _test_timer_late()  # 0 but in tests (TEST_TIMER_LATE)
         # the requests of tasks in service, by task: their node, the task as admitted, and the future of
         # their reply, set when the task completes
@@ -144,8 +147,9 @@ class NodeHost:
             self.set_origin(self.origin, self.origin_monotonic)
 
     async def stop(self) -> None:
-        for h in self.timers.values():
-            h.cancel()
+        for alarm in self.alarms.values():
+            alarm.close()
+        self.alarms.clear()
         await self.background.close()
         self.peers.close()
 
@@ -196,21 +200,21 @@ class NodeHost:
             reply.set_result(self.core.served(k, admitted, done.t, done.riders, now, now))
 
     def _arm(self, k: int, t: float) -> None:
-        old = self.timers.pop(k, None)
-        if old is not None:
-            old.cancel()
-        if t < INF:
+        """Node ``k``'s timer is now for model time ``t`` (INF: none)."""
+        alarm = self.alarms.get(k)
+        if alarm is None:
             assert self.loop is not None
-            wait = max(0.0, self.core.clock.to_wall(t) - time.monotonic())
-            self.timers[k] = self.loop.call_later(wait * (1.0 + self.late), self._fire, k, t)
+            alarm = self.alarms[k] = Alarm(self.loop)
+        if t >= INF:
+            alarm.cancel()
+            return
+        due = self.core.clock.to_wall(t)
+        if self.late:  # the test hook: late by a share of the wait
+            now = time.monotonic()
+            due = now + max(0.0, due - now) * (1.0 + self.late)
+        alarm.at(due, self._fire, k, t)
 
     def _fire(self, k: int, t: float) -> None:
-        assert self.loop is not None
-        self.timers.pop(k, None)
-        early = self.core.clock.to_wall(t) - time.monotonic()
-        if early > EARLY_WAKE:
-            self.timers[k] = self.loop.call_later(early, self._fire, k, t)
-            return
         self.core.fire(k, t)
         self.act()
 
