@@ -34,8 +34,11 @@ Typical use (a process's shell)::
     ...
     await server.close()   # stops listening, lets requests in flight finish (1 s), closes every connection
 
-or simply ``transport.process.serve(app, url, name, listen, guard, routes=routes)``, which does all that
-(``mount`` included: the lean routes are served on connections handed to the app too).
+or, as the hosts do (``dispatcher.app``, ``server_node.app``), ``mount(routes, app)`` the task routes on the
+process's aiohttp app (which then answers every route by itself, and carries them) and serve the app with
+``transport.process.serve`` (a process) or ``start_serving`` (a test): the lean server in front, on one
+port. A handler returns a ``Response`` or a ``wire.Reply``, at once, from a coroutine (a task runs it), or
+as an ``asyncio.Future`` (answered from its done callback, without a task: the node host's tasks).
 """
 
 from __future__ import annotations
@@ -171,8 +174,10 @@ class Request:
     @property
     def charset(self) -> str | None:
         """The ``charset`` parameter of the Content-Type, if any."""
-        value = self.headers.get(b"content-type", b"").decode("latin-1")
-        for param in value.split(";")[1:]:
+        raw = self.headers.get(b"content-type", b"")
+        if b";" not in raw:  # no parameters (the usual case)
+            return None
+        for param in raw.decode("latin-1").split(";")[1:]:
             key, _, v = param.partition("=")
             if key.strip().lower() == "charset":
                 return v.strip().strip('"') or None
