@@ -2,13 +2,15 @@
 
 The event loop's own timers are coarse: uvloop's (libuv's) count whole milliseconds and fire up to one
 early, so whoever must not act before an instant (the generator before a task's intended time, a node
-before a completion's) looked at the clock and set another timer, spinning through the loop until the
-instant came: at 2,000 tasks per second about 30 turns of the generator's loop per task, and 7 timer
-callbacks per completion in a node host, most of their CPU. On Linux an ``Alarm`` is a timerfd on
-``CLOCK_MONOTONIC`` (the clock of ``time.monotonic``), armed at the absolute instant and watched by the
-loop like a socket: the kernel's high-resolution timer wakes the loop once, when the instant has come and
-not before. Elsewhere (no timerfd) it falls back on the loop's timers, and looks at the clock again when
-one fires: it spins until the instant, as before.
+before a completion's) looked at the clock and set another timer until the instant came. The generator
+spun through its loop that way about 30 times per task at 2,000 tasks per second, most of its CPU; a node
+host fired about 7 timers per completion, which cost it little but left its completions up to a
+millisecond off. On Linux an ``Alarm`` is a timerfd on ``CLOCK_MONOTONIC`` (the clock of
+``time.monotonic``), armed at the absolute instant and watched by the loop like a socket: the kernel's
+high-resolution timer wakes the loop once, when the instant has come and not before. (Arming one close to
+its instant costs a few µs on a virtual machine, which reprograms its timer: about what a node's spins
+cost.) Elsewhere (no timerfd) it falls back on the loop's timers, and looks at the clock again when one
+fires: it spins until the instant, as before.
 """
 
 from __future__ import annotations
