@@ -1,24 +1,31 @@
 """CPU per task of a whole cluster in one process, against a bare aiohttp echo in the same run.
 
-A node host and a dispatcher (random policy, two pool nodes, tasks of 0.1 ms of wall time) are served by
-their aiohttp apps in this process and the lean client posts tasks to the dispatcher, ``BATCH`` at a time:
+A node host and a dispatcher (random policy, two pool nodes, tasks of 0.1 ms of wall time) are served in
+this process as their processes serve them (``transport.process.start_serving``: the task path on the lean
+server, the rest on aiohttp; on a tree older than that, their aiohttp apps) and the lean client posts tasks
+to the dispatcher, ``BATCH`` at a time:
 the process's CPU time over the tasks is every side's (client, dispatcher, node) CPU per task, with no
 other process and no scheduling noise between them. The baseline, in alternating rounds: the same client
 posting to a bare aiohttp echo (one round trip, answered at once). Their ratio compares trees and machines
 (run it under ``PYTHONPATH=<other tree>`` for another version of the hosts).
 
     .venv/bin/python benchmarks/bench_host_cpu.py [--tasks 6000] [--rounds 8] [--json]
+    .venv/bin/python benchmarks/bench_host_cpu.py --profile host.prof   # cProfile of the cluster rounds
+
+``--profile FILE`` writes a cProfile of the cluster rounds only (``python -m pstats FILE``, or snakeviz).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import json
 import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import uvloop
 from aiohttp import web
@@ -42,24 +49,44 @@ EXP = {
 }
 
 
-async def serve(app: web.Application, port: int) -> web.AppRunner:
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    return runner
+class _Closing:
+    def __init__(self, runner: web.AppRunner) -> None:
+        self.runner = runner
+
+    async def close(self) -> None:
+        await self.runner.cleanup()
 
 
-async def cpu_per_request(post: Callable[[], Awaitable[None]], n: int) -> float:
+async def serve(app: web.Application, port: int) -> Any:
+    """``app`` served as its process serves it (an object with an async ``close``)."""
+    try:
+        from lbtestbed.transport.process import start_serving
+    except ImportError:  # a tree before the lean task path: aiohttp alone
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        return _Closing(runner)
+    return await start_serving(app, "127.0.0.1", port)
+
+
+async def cpu_per_request(
+    post: Callable[[], Awaitable[None]], n: int, profile: cProfile.Profile | None = None
+) -> float:
     """CPU microseconds of this process per request, ``BATCH`` requests at a time (after a warm-up)."""
     for _ in range(4):
         await asyncio.gather(*(post() for _ in range(BATCH)))
+    if profile is not None:
+        profile.enable()
     began = time.process_time()
     for _ in range(n // BATCH):
         await asyncio.gather(*(post() for _ in range(BATCH)))
-    return 1e6 * (time.process_time() - began) / (n // BATCH * BATCH)
+    spent = time.process_time() - began
+    if profile is not None:
+        profile.disable()
+    return 1e6 * spent / (n // BATCH * BATCH)
 
 
-async def main(tasks: int, rounds: int) -> dict[str, list[float]]:
+async def main(tasks: int, rounds: int, profile: cProfile.Profile | None) -> dict[str, list[float]]:
     exp = parse_spec(EXP)
     node_port, disp_port, echo_port = free_ports(3)
     nodes, disp = f"http://127.0.0.1:{node_port}", f"http://127.0.0.1:{disp_port}"
@@ -95,12 +122,12 @@ async def main(tasks: int, rounds: int) -> dict[str, list[float]]:
         for r in range(rounds):
             print(f"round {r + 1}/{rounds}", file=sys.stderr)
             out["echo"].append(await cpu_per_request(round_trip, tasks))
-            out["cluster"].append(await cpu_per_request(task, tasks))
+            out["cluster"].append(await cpu_per_request(task, tasks, profile))
     finally:
         to_dispatcher.close()
         to_echo.close()
         for runner in reversed(runners):
-            await runner.cleanup()
+            await runner.close()
     return out
 
 
@@ -109,8 +136,12 @@ def cli() -> int:
     p.add_argument("--tasks", type=int, default=6000, help="tasks per round and path (default 6000)")
     p.add_argument("--rounds", type=int, default=8, help="rounds of echo then cluster (default 8)")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.add_argument("--profile", metavar="FILE", help="write a cProfile of the cluster rounds to FILE")
     args = p.parse_args()
-    got = uvloop.run(main(args.tasks, args.rounds))
+    profile = cProfile.Profile() if args.profile else None
+    got = uvloop.run(main(args.tasks, args.rounds, profile))
+    if profile is not None:
+        profile.dump_stats(args.profile)
     ratios = [c / e for e, c in zip(got["echo"], got["cluster"], strict=True)]
     out = {
         "echo_us": statistics.median(got["echo"]),

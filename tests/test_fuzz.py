@@ -83,6 +83,7 @@ from lbtestbed.spec import load_spec, parse_spec
 from lbtestbed.transport import wire
 from lbtestbed.transport.aiohttp_glue import signed
 from lbtestbed.transport.cluster_file import ClusterFile
+from lbtestbed.transport.process import start_serving
 from lbtestbed.transport.signing import Signer, Verifier
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -895,11 +896,14 @@ def test_chunked_bodies_without_a_length_are_read_and_limited(live: Live) -> Non
     ids=["bad-chunk", "length-and-chunked", "negative-length", "huge-header", "not-http"],
 )
 def test_broken_http_framing_gets_400_and_the_connection_closes(live: Live, request_bytes: bytes) -> None:
-    """Requests the HTTP parser cannot frame are answered 400 by aiohttp itself (plain text, before any
-    route: not an lbtestbed error body) and the connection is closed; nothing becomes a task."""
+    """Requests the HTTP parser cannot frame are answered 400 by the server itself (before any route) and
+    the connection is closed; nothing becomes a task."""
+    # a head over 16 KiB gets 431 from the lean server of the task path (docs/protocol.md, "The lean server
+    # of the task path"; aiohttp answered 400 for a header line over 8 190 bytes)
+    expected = 431 if len(request_bytes) > 16 * 1024 else 400
     before = scrape([live.dispatcher]).total("lbtestbed_dispatcher_decisions_total")
     reply = raw_request(live.dispatcher, request_bytes)
-    assert status_of(reply) == 400, reply[:200]
+    assert status_of(reply) == expected, reply[:200]
     assert scrape([live.dispatcher]).total("lbtestbed_dispatcher_decisions_total") == before
 
 
@@ -1208,18 +1212,16 @@ async def test_a_client_that_leaves_mid_body_logs_no_error(caplog: pytest.LogCap
     app = build_dispatcher_app(
         DispatcherHost(exp, 0, 1, [f"{NOWHERE}/v1/nodes/{k}" for k in range(exp.n)], "T")
     )
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    await runner.setup()
+    server = await start_serving(app, "127.0.0.1", 0)
     try:
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        _, writer = await asyncio.open_connection("127.0.0.1", runner.addresses[0][1])
+        _, writer = await asyncio.open_connection("127.0.0.1", server.port)
         writer.write(b'POST /v1/tasks HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"work"')
         await writer.drain()
         await asyncio.sleep(0.1)
         writer.close()
         await asyncio.sleep(0.3)
     finally:
-        await runner.cleanup()
+        await server.close()
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors == []
 

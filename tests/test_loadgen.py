@@ -25,6 +25,7 @@ from scipy import stats
 from lbtestbed.loadgen.openloop import drive, poisson_tasks, read_trace, run_load, write_trace
 from lbtestbed.loadgen.schedule import ScheduleError, parse_schedule, scheduled_tasks
 from lbtestbed.spec import parse_spec
+from lbtestbed.transport import alarm
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -259,9 +260,13 @@ def test_schedule_text_allows_lines_comments_and_spaces() -> None:
 # ------------------------------------------------------------------------------ the send loop itself
 
 
-def test_no_send_leaves_before_its_time_on_uvloop() -> None:
+@pytest.mark.parametrize("precise", [True, False], ids=["timerfd", "loop-timers"])
+def test_no_send_leaves_before_its_time_on_uvloop(precise: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     # uvloop's timers have millisecond resolution and can fire up to 1 ms early; the target notes when each
-    # task arrives, which is after it was sent, so an early send shows as an arrival before its time
+    # task arrives, which is after it was sent, so an early send shows as an arrival before its time. The
+    # generator's alarm is a timerfd; without one (not Linux) it falls back on the loop's timers
+    if not precise:
+        monkeypatch.setattr(alarm, "_libc", lambda: None)
     exp = parse_spec(SPEC)
     tasks = list(poisson_tasks(exp, 2.0))
     arrivals: dict[float, float] = {}
@@ -401,3 +406,45 @@ async def test_a_schedule_without_tasks_takes_no_time() -> None:
     not the lead-in before model time 0 as a negative time."""
     report = await drive(["http://127.0.0.1:9"], [], time_scale=1.0)
     assert report.wall_seconds == 0.0 and report.send_seconds == 0.0 and report.model_seconds == 0.0
+
+
+@pytest.mark.parametrize("precise", [True, False], ids=["timerfd", "loop-timers"])
+def test_an_alarm_calls_back_at_its_instant_and_not_before(
+    precise: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Instants a fraction of a millisecond apart (below the loop timers' resolution): each callback comes
+    at or after its instant; a new instant replaces the one before, and a cancelled alarm calls nobody."""
+    if not precise:
+        monkeypatch.setattr(alarm, "_libc", lambda: None)
+
+    async def main() -> tuple[list[float], list[float], bool]:
+        loop = asyncio.get_running_loop()
+        a = alarm.Alarm(loop)
+        instants = [time.monotonic() + 0.01 + 0.0003 * i for i in range(20)]
+        called: list[float] = []
+        done = loop.create_future()
+
+        def next_one() -> None:
+            called.append(time.monotonic())
+            if len(called) < len(instants):
+                want = instants[len(called)]
+                if time.monotonic() < want:
+                    a.at(want, next_one)
+                else:
+                    next_one()
+            elif not done.done():
+                done.set_result(None)
+
+        a.at(time.monotonic() + 10.0, lambda: called.append(-1.0))  # replaced at once
+        a.at(instants[0], next_one)
+        await asyncio.wait_for(done, 5.0)
+        a.at(time.monotonic() + 0.001, lambda: called.append(-1.0))
+        a.cancel()
+        await asyncio.sleep(0.01)
+        was_precise = a.precise
+        a.close()
+        return instants, called, was_precise
+
+    instants, called, was_precise = uvloop.run(main())
+    assert was_precise == (precise and sys.platform == "linux")
+    assert len(called) == len(instants) and all(c >= i for c, i in zip(called, instants, strict=True))

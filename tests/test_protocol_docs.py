@@ -26,7 +26,6 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from lbtestbed.dispatcher.app import build_app as build_dispatcher_app
 from lbtestbed.dispatcher.host import DispatcherHost
@@ -38,6 +37,7 @@ from lbtestbed.server_node.app import build_app as build_node_app
 from lbtestbed.server_node.host import NodeHost
 from lbtestbed.spec import parse_spec
 from lbtestbed.transport import wire
+from lbtestbed.transport.process import Serving, start_serving
 from lbtestbed.transport.signing import Signer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -289,9 +289,10 @@ class Caller:
         return status, value
 
 
-async def serve(app: web.Application) -> tuple[TestServer, str]:
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
+async def serve(app: web.Application) -> tuple[Serving, str]:
+    """``app`` served on 127.0.0.1 as a cluster process serves it: its task routes on the lean server, the
+    rest handed to aiohttp (transport/process.py)."""
+    server = await start_serving(app, "127.0.0.1", 0)
     return server, f"http://127.0.0.1:{server.port}"
 
 
@@ -307,7 +308,7 @@ async def test_live_answers_follow_the_documents(doc: dict[str, Any]) -> None:
     pytest.importorskip("jsonschema")
     exp = fcfs_experiment()  # jiq, two FCFS nodes, 10 ms wall per unit of work
     node_host = NodeHost(exp, [0, 1], [NOWHERE], TOKEN, max_tasks=1)
-    servers: list[TestServer] = []
+    servers: list[Serving] = []
     try:
         server, nodes = await serve(build_node_app(node_host))
         servers.append(server)

@@ -645,8 +645,7 @@ def test_a_node_host_maps_the_run_clock_through_the_monotonic_clock_when_it_can(
             host.models[0] = make_node("fcfs", 1.0)
             assert host.set_origin(1e6 + 10.0, monotonic) == 6  # the step and the ramp's five levels
             assert host.core.changes[0][0] == (due, 0.5)
-            for handle in host.timers.values():
-                handle.cancel()
+            loop.run_until_complete(host.stop())  # its completion alarms
     finally:
         loop.close()
     assert len(machine()) == 36  # a Linux boot id: a UUID

@@ -19,4 +19,4 @@ host = DispatcherHost(
 )
 host.core.max_in_flight = budget.in_flight
 host.guard = ConnectionGuard(budget.connections)
-serve(build_app(host), me.url, f"dispatcher-{index}", listen, host.guard)
+serve(build_app(host), me.url, f"dispatcher-{index}", listen, host.guard, stats=host.http)

@@ -4,8 +4,8 @@ It stamps every event with the monotonic clock (not the loop's: uvloop's has mil
 hands it to the core and carries out what the core decides: probes, the forward of a task to its node,
 state messages (behind the emulated network delay), the health checks (``dispatcher.checks``), the log and
 journal of node transitions. Its routes take a request's JSON object and give a ``wire.Reply``, whatever
-the server: ``dispatcher.app`` serves them with aiohttp. Probes and threshold updates go out to the nodes'
-endpoints on lean kept-alive connections (``transport.http``).
+the server: ``dispatcher.app`` serves the task path on the lean server and the rest with aiohttp. Probes
+and threshold updates go out to the nodes' endpoints on lean kept-alive connections (``transport.http``).
 """
 
 from __future__ import annotations
@@ -15,12 +15,13 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
+from prometheus_client.core import Metric
 
 from lbtestbed.dispatcher.checks import HealthChecks, failure_kind, failure_reason
 from lbtestbed.dispatcher.core import DISPATCHER_STREAM as DISPATCHER_STREAM
@@ -35,6 +36,7 @@ from lbtestbed.policies import DispatcherSide, Route
 from lbtestbed.transport import wire
 from lbtestbed.transport.actions import Send
 from lbtestbed.transport.http import Peers
+from lbtestbed.transport.lean_http import Stats, stats_metrics
 from lbtestbed.transport.metrics import listener_metrics
 from lbtestbed.transport.process import ConnectionGuard
 from lbtestbed.transport.signing import Signer, Verifier
@@ -78,8 +80,10 @@ class DispatcherHost:
                 exp.network.delay, np.random.default_rng(seed_sequence(exp.seed, "network", 2000 + index))
             )
         self.delay_tasks = exp.network.forward_tasks and self.delay is not None
-        # the listener's guard for its metrics: set by the process that serves this host
+        # the listener's guard for its metrics: set by the process that serves this host; the lean server
+        # of its task path counts into ``http``
         self.guard: ConnectionGuard | None = None
+        self.http = Stats()
         # the task path's requests (forwards, probes, messages): lean kept-alive connections per process
         self.peers = Peers(signer=self.signer)
         self.node_peer = [
@@ -93,9 +97,11 @@ class DispatcherHost:
         self._read_journal()
         self.checks = HealthChecks(self.core, self.signer, self.act)
         self.ready = self.checks.ready  # set once every node process has answered once
-        self.metrics.collect_from(
-            self.core, lambda: listener_metrics("dispatcher", self.guard, self.verifier.refused)
-        )
+        self.metrics.collect_from(self.core, self._listener_metrics)
+
+    def _listener_metrics(self) -> Iterator[Metric]:
+        yield from listener_metrics("dispatcher", self.guard, self.verifier.refused)
+        yield from stats_metrics("dispatcher", self.http)
 
     @property
     def policy(self) -> DispatcherSide:
@@ -143,7 +149,7 @@ class DispatcherHost:
             self.core.leave(ticket, time.monotonic())
             raise
 
-    async def messages(self, body: Mapping[str, Any]) -> Reply:
+    def messages(self, body: Mapping[str, Any]) -> Reply:
         """``POST /v1/messages``: state messages from the nodes."""
         reply = self.core.messages(body, time.monotonic())
         self.act()
@@ -163,9 +169,11 @@ class DispatcherHost:
                 replies = [probes.create_task(self._probe(k)) for k in ticket.probe.nodes]
             core.resolve(ticket, [r.result() for r in replies], time.monotonic())
         route = core.route(ticket, time.monotonic())  # it is forwarded: its latency at the dispatcher starts
-        forward = asyncio.ensure_future(self._forward(ticket, route))  # awaited below
-        self.act()  # threshold updates follow the task they were decided with
-        await forward
+        # threshold updates follow the task they were decided with: act() starts their tasks, which run
+        # once this one waits, and the forward's request is written before it waits (unless it has to
+        # open a connection first, or sleep an emulated delay, as the messages do too)
+        self.act()
+        await self._forward(ticket, route)
         return core.answer(ticket, time.monotonic())
 
     async def _probe(self, k: int) -> int:

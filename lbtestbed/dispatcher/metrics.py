@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -16,6 +16,7 @@ from lbtestbed.model.clock import ModelClock
 from lbtestbed.model.experiment import Experiment
 from lbtestbed.transport.metrics import (
     WALL_BUCKETS,
+    Histogram,
     MessageAges,
     counter,
     counters_by_kind,

@@ -23,7 +23,7 @@ import orjson
 
 from lbtestbed.analysis.measurement.legs import MachineCost
 from lbtestbed.cluster.processes import free_ports
-from lbtestbed.server_node.host import EARLY_WAKE
+from lbtestbed.transport.alarm import Alarm
 from lbtestbed.transport.http import HttpPool
 
 #: echoes per wall second over the window
@@ -98,6 +98,12 @@ async def started() -> AsyncIterator[Probe]:
 # ------------------------------------------------------------------------------------ the probe itself
 
 
+def _stamp(fired: asyncio.Future[float]) -> None:
+    """The instant the probe's timer fired."""
+    if not fired.done():
+        fired.set_result(time.monotonic())
+
+
 def serve(port: int) -> None:
     """The probe process: an echo and a timer that measures its own lateness, until SIGTERM."""
     import uvloop
@@ -114,24 +120,15 @@ def serve(port: int) -> None:
         return web.Response(body=orjson.dumps(list(samples)), content_type="application/json")
 
     async def tick() -> None:
-        # a timer armed as a node host arms its completion timers (server_node.host: call_later to a
-        # target instant, re-armed when it wakes early), at targets spread over the millisecond as tasks'
-        # completions are: the loop's clock has millisecond resolution, so where in it a target falls moves
-        # the lateness
+        # a timer armed as a node host arms its completion timers (server_node.host: an Alarm at the
+        # target instant), at targets spread over the millisecond as tasks' completions are
         loop = asyncio.get_running_loop()
+        alarm = Alarm(loop)
         rng = random.Random(1)
         while True:
             due = time.monotonic() + TICK * (0.5 + rng.random())
             fired: asyncio.Future[float] = loop.create_future()
-
-            def fire(fut: asyncio.Future[float] = fired, target: float = due) -> None:
-                early = target - time.monotonic()
-                if early > EARLY_WAKE:
-                    loop.call_later(early, fire, fut, target)
-                elif not fut.done():
-                    fut.set_result(time.monotonic())
-
-            loop.call_later(max(0.0, due - time.monotonic()), fire)
+            alarm.at(due, _stamp, fired)
             now = await fired
             samples.append((now, max(0.0, now - due)))
 

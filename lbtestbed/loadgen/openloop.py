@@ -15,6 +15,7 @@ expired, or failed to reach a dispatcher at all; a run interrupted (Ctrl-C) coun
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import json
 import signal
@@ -32,6 +33,7 @@ import uvloop
 from lbtestbed.loadgen import TASK_DEADLINE
 from lbtestbed.model.experiment import Experiment
 from lbtestbed.model.workload import PoissonWorkload
+from lbtestbed.transport.alarm import Alarm
 from lbtestbed.transport.http import HttpPool
 from lbtestbed.transport.wire import PREFIX
 
@@ -220,27 +222,138 @@ class Interrupt:
 
     def __init__(self) -> None:
         self.set = False
-        self._nap: asyncio.Future[None] | None = None
+        self.wake: Callable[[], None] | None = None  # the drive's, to stop waiting for its next send
 
     def __call__(self) -> None:
         self.set = True
-        if self._nap is not None and not self._nap.done():
-            self._nap.set_result(None)
+        if self.wake is not None:
+            self.wake()
 
-    async def sleep(self, seconds: float) -> None:
-        """``asyncio.sleep`` that the interrupt cuts short."""
+
+class _Sender:
+    """One ``drive``: the schedule's sends, from an ``Alarm`` at each intended instant (several at once when
+    they are due together), and the requests out, each a future of its answer whose done callback records
+    how it ended (no task per request: one costs more CPU than a request on a kept-alive connection)."""
+
+    def __init__(
+        self,
+        tasks: Sequence[tuple[float, float]],
+        time_scale: float,
+        start: float,
+        pools: Sequence[HttpPool],
+        routes: Sequence[int] | None,
+        report: LoadReport,
+        interrupt: Interrupt,
+    ) -> None:
+        self.tasks, self.time_scale, self.start = tasks, time_scale, start
+        self.pools, self.routes, self.report, self.interrupt = pools, routes, report, interrupt
+        self.max_outstanding, self.deadline = 10_000, TASK_DEADLINE
+        self.progress: Callable[[int, int], None] | None = None
+        self.path = f"{PREFIX}/tasks"
+        self.outstanding = 0
+        self.pending: set[asyncio.Future[tuple[int, bytes]]] = set()
+        self.next = 0  # the next task to send
+        self.next_report = start + 1.0
+        self.collector = YoungCollector()
         loop = asyncio.get_running_loop()
-        self._nap = nap = loop.create_future()
-        handle = loop.call_later(seconds, _wake, nap)
-        try:
-            await nap
-        finally:
-            handle.cancel()
+        self.alarm = Alarm(loop)
+        self.all_sent: asyncio.Future[None] = loop.create_future()
+        interrupt.wake = self.tick
 
+    def tick(self) -> None:
+        """Send every task that is due, then wait for the next one (or end: all sent, or interrupted)."""
+        tasks, report, n = self.tasks, self.report, len(self.tasks)
+        now = time.monotonic()
+        while self.next < n and not self.interrupt.set:
+            t, work = tasks[self.next]
+            intended = self.start + t * self.time_scale
+            report.due = intended
+            if now < intended:  # no send leaves before its intended time
+                self.alarm.at(intended, self.tick)
+                return
+            self.next += 1
+            if self.outstanding >= self.max_outstanding:
+                report.lateness.append(now - intended)
+                if now - intended > LATE:
+                    report.late += 1
+                report.outcomes["dropped"] += 1
+            else:
+                self.send(self.next - 1, t, work, intended)
+            if now > self.next_report:
+                self.next_report = now + 1.0
+                self.collector.tick()
+                if self.progress is not None:
+                    self.progress(self.next, n)
+            now = time.monotonic()
+        self.alarm.cancel()
+        if not self.all_sent.done():
+            self.all_sent.set_result(None)
 
-def _wake(nap: asyncio.Future[None]) -> None:
-    if not nap.done():
-        nap.set_result(None)
+    def send(self, i: int, t: float, work: float, intended: float) -> None:
+        self.outstanding += 1
+        sent = time.monotonic()  # a send's lateness is taken when its request starts
+        lateness = sent - intended
+        self.report.lateness.append(lateness)
+        if lateness > LATE:
+            self.report.late += 1
+        body = orjson.dumps({"work": work})  # a finite float's shortest form, faster than repr's
+        pools = self.pools
+        pool = pools[self.routes[i]] if self.routes is not None else pools[i % len(pools)]
+        answer = pool.request(self.path, body, timeout=self.deadline)
+        self.pending.add(answer)
+        answer.add_done_callback(functools.partial(self.ended, t, work, intended, sent))
+
+    def ended(self, t: float, work: float, intended: float, sent: float, answer: asyncio.Future[Any]) -> None:
+        """A request ended: completed, refused (503), lost (502), failed, expired or cancelled."""
+        self.outstanding -= 1
+        self.pending.discard(answer)
+        report, now = self.report, time.monotonic()
+        if answer.cancelled():  # interrupted: its answer no longer counts
+            report.outcomes["cancelled"] += 1
+            report.failures.append((t, "cancelled", -1))
+            return
+        failed = answer.exception()
+        if failed is None:
+            status, raw = answer.result()
+            try:
+                if status == 200:
+                    report.completed(t, work, orjson.loads(raw), intended, sent, now, self.time_scale)
+                    return
+                outcome = {503: "refused", 502: "lost"}.get(status, "failed")
+                report.other_sojourns.append((outcome, (now - intended) / self.time_scale))
+                report.outcomes[outcome] += 1
+                report.failures.append((t, outcome, _node_of(raw)))
+                return
+            except (ValueError, AttributeError, TypeError):
+                pass  # a malformed answer: failed
+        outcome = "expired" if isinstance(failed, TimeoutError) else "failed"
+        report.other_sojourns.append((outcome, (now - intended) / self.time_scale))
+        report.outcomes[outcome] += 1
+        report.failures.append((t, outcome, -1))
+
+    async def run(self) -> None:
+        """Send on schedule, then wait for every answer; an interrupt cancels the requests out."""
+        report = self.report
+        self.tick()
+        await self.all_sent
+        report.send_seconds = max(
+            0.0, time.monotonic() - self.start
+        )  # 0 when none was due before the lead-in
+        report.due = None
+        if self.interrupt.set:
+            report.interrupted = True
+            report.outcomes["unsent"] += len(self.tasks) - self.next
+            for answer in list(self.pending):
+                answer.cancel()
+        if self.pending:
+            await asyncio.wait(self.pending)
+            await asyncio.sleep(0)  # the done callbacks, scheduled before the wait's own, have run
+
+    def close(self) -> None:
+        self.report.due = None
+        self.alarm.close()
+        self.collector.close()
+        self.interrupt.wake = None
 
 
 async def drive(
@@ -260,100 +373,26 @@ async def drive(
     ``DispatcherSplit``; by default in turn); return what happened.
 
     Model time 0 is the monotonic instant ``start`` (default: 50 ms from now), so a caller can line up
-    measurements with the schedule. A send's lateness is taken when its request starts, not when it is
-    queued, and no send leaves before its intended time (uvloop's timers can fire up to 1 ms early). A
-    task not answered within ``deadline`` wall seconds of its send is expired; ``interrupt`` stops the
-    run early (the report says what was sent and completed until then). ``report``: an empty report to
-    fill, for a caller that reads it while the run goes on (``loadgen.metrics``).
+    measurements with the schedule. A send's lateness is taken when its request starts, and no send leaves
+    before its intended time (``Alarm``: a timerfd where there is one; the loop's timers, which can fire up
+    to 1 ms early, are checked against the clock). A task not answered within ``deadline`` wall seconds of
+    its send is expired; ``interrupt`` stops the run early (the report says what was sent and completed
+    until then). ``report``: an empty report to fill, for a caller that reads it while the run goes on
+    (``loadgen.metrics``).
     """
     report = report if report is not None else LoadReport()
     report.scheduled = len(tasks)
-    interrupt = interrupt or Interrupt()
     own = pools is None  # a caller may share its pools (one per dispatcher) between drives
     if pools is None:
         pools = [HttpPool(d) for d in dispatchers]  # kept-alive connections: the task path's lean client
-    path = f"{PREFIX}/tasks"
-    outstanding = 0
-    pending: set[asyncio.Task[None]] = set()
-
-    async def send(i: int, t: float, work: float, intended: float) -> None:
-        nonlocal outstanding
-        sent = time.monotonic()
-        lateness = sent - intended
-        report.lateness.append(lateness)
-        if lateness > LATE:
-            report.late += 1
-        try:
-            body = b'{"work": %r}' % work  # repr of a finite float is a JSON number
-            pool = pools[routes[i]] if routes is not None else pools[i % len(pools)]
-            status, raw = await pool.post(path, body, timeout=deadline)
-            done = time.monotonic()
-            if status == 200:
-                report.completed(t, work, orjson.loads(raw), intended, sent, done, time_scale)
-            else:
-                outcome = {503: "refused", 502: "lost"}.get(status, "failed")
-                report.other_sojourns.append((outcome, (done - intended) / time_scale))
-                report.outcomes[outcome] += 1
-                report.failures.append((t, outcome, _node_of(raw)))
-        except TimeoutError:
-            report.other_sojourns.append(("expired", (time.monotonic() - intended) / time_scale))
-            report.outcomes["expired"] += 1
-            report.failures.append((t, "expired", -1))
-        except (OSError, ValueError, AttributeError, TypeError):
-            report.other_sojourns.append(("failed", (time.monotonic() - intended) / time_scale))
-            report.outcomes["failed"] += 1
-            report.failures.append((t, "failed", -1))
-        except asyncio.CancelledError:  # interrupted: its answer no longer counts
-            report.outcomes["cancelled"] += 1
-            report.failures.append((t, "cancelled", -1))
-        finally:
-            outstanding -= 1
-
     if start is None:
         start = time.monotonic() + 0.05
-    next_report = start + 1.0
-    collector = YoungCollector()
-    sent = 0
+    sender = _Sender(tasks, time_scale, start, pools, routes, report, interrupt or Interrupt())
+    sender.max_outstanding, sender.deadline, sender.progress = max_outstanding, deadline, progress
     try:
-        for i, (t, work) in enumerate(tasks):
-            intended = start + t * time_scale
-            report.due = intended
-            now = time.monotonic()
-            while now < intended and not interrupt.set:
-                await interrupt.sleep(intended - now)
-                now = time.monotonic()
-            if interrupt.set:
-                break
-            sent = i + 1
-            if outstanding >= max_outstanding:
-                report.lateness.append(now - intended)
-                if now - intended > LATE:
-                    report.late += 1
-                report.outcomes["dropped"] += 1
-                continue
-            outstanding += 1
-            task = asyncio.ensure_future(send(i, t, work, intended))
-            pending.add(task)
-            task.add_done_callback(pending.discard)
-            if now > next_report:
-                next_report = now + 1.0
-                collector.tick()
-                if progress is not None:
-                    progress(i + 1, len(tasks))
-        report.send_seconds = max(
-            0.0, time.monotonic() - start
-        )  # 0 when no task was due before the lead-in ended
-        report.due = None
-        if interrupt.set:
-            report.interrupted = True
-            report.outcomes["unsent"] += len(tasks) - sent
-            for task in list(pending):
-                task.cancel()
-        if pending:
-            await asyncio.gather(*pending)
+        await sender.run()
     finally:
-        report.due = None
-        collector.close()
+        sender.close()
         report.wall_seconds = max(0.0, time.monotonic() - start)
         report.model_seconds = report.wall_seconds / time_scale
         for pool in pools if own else ():
@@ -384,7 +423,11 @@ def run_load(
     first SIGINT (Ctrl-C) stops the run and returns what it did so far (``interrupted``), as locust does;
     a second one raises KeyboardInterrupt as usual."""
 
-    async def main() -> LoadReport:
+    report = report if report is not None else LoadReport()
+
+    # main returns nothing: when it ends, Python 3.11's runner formats its task, result included, in a
+    # message it throws away (asyncio.Runner.run, signal.getsignal): a report of 10,000 tasks took 0.1 s
+    async def main() -> None:
         interrupt = Interrupt()
         loop = asyncio.get_running_loop()
 
@@ -394,7 +437,7 @@ def run_load(
 
         loop.add_signal_handler(signal.SIGINT, first_interrupt)
         try:
-            return await drive(
+            await drive(
                 dispatchers,
                 tasks,
                 time_scale,
@@ -408,4 +451,5 @@ def run_load(
         finally:
             loop.remove_signal_handler(signal.SIGINT)
 
-    return uvloop.run(main())
+    uvloop.run(main())
+    return report

@@ -17,4 +17,4 @@ host = NodeHost(
 host.origin = cluster.origin  # a node host restarted during a run takes up the run's clock
 host.origin_monotonic = cluster.origin_monotonic if cluster.origin_machine == host.machine else 0.0
 host.guard = ConnectionGuard(Budget.of("server_node", raise_fd_limit()).connections)
-serve(build_app(host), me.url, f"nodes-{index}", listen, host.guard)
+serve(build_app(host), me.url, f"nodes-{index}", listen, host.guard, stats=host.http)

@@ -1,12 +1,16 @@
-"""The node process's aiohttp application: the routes of docs/protocol.md on a ``NodeHost``.
+"""The node process's routes (docs/protocol.md) on a ``NodeHost``.
 
+The task path (a node's signed ``tasks``, ``probe`` and ``messages``) is served by the lean server
+(``transport.lean_http``: ``task_routes``); the admin routes (health, state, faults, origin, timings,
+``/metrics``) by aiohttp. ``build_app`` gives the aiohttp app with the task routes mounted on it, so that
+it answers every route by itself and ``transport.process`` serves its task routes on the lean server.
 Each handler only reads the request, calls the host and writes its ``wire.Reply``. A node route names its
 node first: one this host does not serve is a 404 whatever the body.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -14,41 +18,53 @@ from aiohttp import web
 from lbtestbed.server_node.host import NodeHost
 from lbtestbed.transport import wire
 from lbtestbed.transport.aiohttp_glue import (
-    Handler,
     faults_handler,
     json_route,
     metrics_handler,
-    read_json,
     respond,
     run_with,
     signed,
     timings_handler,
 )
+from lbtestbed.transport.lean_http import Request, Routes, mount
 
-NodeRoute = Callable[[int, Mapping[str, Any]], Awaitable[wire.Reply]]
+
+def task_routes(host: NodeHost) -> Routes:
+    """The task path's routes, for the lean server (every one signed: only dispatchers call them)."""
+
+    def post_task(request: Request) -> wire.Reply | Awaitable[wire.Reply]:
+        k = host.node_of(request.param or "")  # the route admits digits only
+        if isinstance(k, wire.Reply):
+            return k
+        try:
+            body = request.json()
+        except wire.BadRequest as e:
+            return wire.bad_request(e)
+        return host.task(k, body)  # its reply when served: a future, answered without a task
+
+    def post_probe(request: Request) -> wire.Reply:
+        k = host.node_of(request.param or "")
+        return k if isinstance(k, wire.Reply) else host.probe(k)
+
+    def post_messages(request: Request) -> wire.Reply:
+        k = host.node_of(request.param or "")
+        if isinstance(k, wire.Reply):
+            return k
+        try:
+            body = request.json()
+        except wire.BadRequest as e:
+            return wire.bad_request(e)
+        return host.messages(k, body)
+
+    routes = Routes()
+    node = wire.PREFIX + "/nodes/{node}"
+    routes.post(node + "/tasks", post_task, verifier=host.verifier)
+    routes.post(node + "/probe", post_probe, verifier=host.verifier)
+    routes.post(node + "/messages", post_messages, verifier=host.verifier)
+    return routes
 
 
 def build_app(host: NodeHost) -> web.Application:
-    def node_route(route: NodeRoute) -> Handler:
-        async def handle(request: web.Request) -> web.Response:
-            k = host.node_of(request.match_info["node"])  # the route admits digits only
-            if isinstance(k, wire.Reply):
-                return respond(k)
-            try:
-                body = await read_json(request)
-            except wire.BadRequest as e:
-                return respond(wire.bad_request(e))
-            return respond(await route(k, body))
-
-        return signed(host.verifier, handle)
-
-    async def post_probe(request: web.Request) -> web.Response:
-        k = host.node_of(request.match_info["node"])
-        return respond(k if isinstance(k, wire.Reply) else host.probe(k))
-
-    async def messages(k: int, body: Mapping[str, Any]) -> wire.Reply:
-        return host.messages(k, body)
-
     async def get_state(request: web.Request) -> web.Response:
         return respond(host.state())
 
@@ -59,10 +75,8 @@ def build_app(host: NodeHost) -> web.Application:
         return host.origin_reply(body)
 
     app = web.Application(client_max_size=wire.MAX_BODY)
+    mount(task_routes(host), app)
     p = wire.PREFIX
-    app.router.add_post(p + r"/nodes/{node:\d+}/tasks", node_route(host.task))
-    app.router.add_post(p + r"/nodes/{node:\d+}/probe", signed(host.verifier, post_probe))
-    app.router.add_post(p + r"/nodes/{node:\d+}/messages", node_route(messages))
     app.router.add_get(p + "/health", get_health)
     app.router.add_get(p + "/state", signed(host.verifier, get_state))
     app.router.add_post(p + "/faults", signed(host.verifier, faults_handler(host.faults)))

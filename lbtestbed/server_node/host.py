@@ -3,36 +3,40 @@
 Each virtual node runs the spec's node model in wall time (``time_scale`` wall seconds per model second,
 through one ``ModelClock``) and the node side of the policy. A forwarded task's request stays open until
 the task completes (synchronous completion: the dispatcher and the client see the completion without an
-extra message). Completions fire from event-loop timers, which the core asks for (``Arm``); a timer that
-wakes early is re-armed and one that wakes late completes the task at its scheduled model time, so a
-task's service lasts exactly its work / speed in model time whatever the timer error (only the HTTP reply
-carries the lateness). Its routes take a request's JSON object and give a ``wire.Reply``, whatever the
-server: ``server_node.app`` serves them with aiohttp.
+extra message). Completions fire from timers, which the core asks for (``Arm``): an alarm at the
+completion's instant (``transport.alarm``), never early; one that wakes late completes the task at its
+scheduled model time, so a task's service lasts exactly its work / speed in model time whatever the timer
+error (only the HTTP reply carries the lateness). Its routes take a request's JSON object and give a
+``wire.Reply``, whatever the server: ``server_node.app`` serves the task path on the lean server and the
+rest with aiohttp.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import orjson
+from prometheus_client.core import Metric
 
 from lbtestbed.model.clock import ModelClock
 from lbtestbed.model.distributions import BlockSampler
 from lbtestbed.model.experiment import Experiment
 from lbtestbed.model.nodes import INF, NodeModel
 from lbtestbed.model.streams import seed_sequence
-from lbtestbed.policies import Message
-from lbtestbed.server_node.core import Arm, Completed, NodeCore
+from lbtestbed.server_node.core import Admitted, Arm, Completed, NodeCore
 from lbtestbed.server_node.metrics import NodeMetrics
 from lbtestbed.transport import wire
 from lbtestbed.transport.actions import Send
+from lbtestbed.transport.alarm import Alarm
 from lbtestbed.transport.http import Peers
+from lbtestbed.transport.lean_http import Stats, stats_metrics
 from lbtestbed.transport.metrics import listener_metrics
 from lbtestbed.transport.process import ConnectionGuard, machine
 from lbtestbed.transport.signing import Signer, Verifier
@@ -41,7 +45,6 @@ from lbtestbed.transport.wire import Reply
 
 log = logging.getLogger("lbtestbed.server_node")
 
-EARLY_WAKE = 0.0002  # wall seconds: a timer that fires earlier than this before its target is re-armed
 #: a test-only hook (tests/test_run_legs.py): every completion timer fires late by this share of its wait, a
 #: bug of the emulation that its twin replays as measured and that the legs held against the machine catch
 TEST_TIMER_LATE = "LBT_TEST_TIMER_LATE"
@@ -88,11 +91,13 @@ class NodeHost:
                 exp.network.delay,
                 np.random.default_rng(seed_sequence(exp.seed, "network", 1000 + self.ids[0])),
             )
-        self.timers: dict[int, asyncio.TimerHandle] = {}
+        # each node's completion timer (its next event): an alarm at the instant itself, never early
+        # (transport.alarm: the loop's own timers count whole milliseconds and fire up to one early)
+        self.alarms: dict[int, Alarm] = {}
         self.late = _test_timer_late()  # 0 but in tests (TEST_TIMER_LATE)
-        # a task's request waits for (model completion time, messages riding on the reply, monotonic instant
-        # the completion ran: the timer's lateness is that minus the completion's own instant)
-        self.waiting: dict[int, asyncio.Future[tuple[float, list[Message], float]]] = {}
+        # the requests of tasks in service, by task: their node, the task as admitted, and the future of
+        # their reply, set when the task completes
+        self.waiting: dict[int, tuple[int, Admitted, asyncio.Future[Reply]]] = {}
         self.peers = Peers(signer=self.signer)  # to the dispatchers: state messages
         self.loop: asyncio.AbstractEventLoop | None = None
         self.background = TaskSet(f"node host {self.ids[0]} messages")
@@ -103,9 +108,12 @@ class NodeHost:
         self.machine = machine()
         self.t0_unix = 0.0
         self.guard: ConnectionGuard | None = None  # the listener's, set by the process that serves it
-        self.metrics.collect_from(
-            self.core, self.snapshot, lambda: listener_metrics("node", self.guard, self.verifier.refused)
-        )
+        self.http = Stats()  # what the lean server of its task path did
+        self.metrics.collect_from(self.core, self.snapshot, self._listener_metrics)
+
+    def _listener_metrics(self) -> Iterator[Metric]:
+        yield from listener_metrics("node", self.guard, self.verifier.refused)
+        yield from stats_metrics("node", self.http)
 
     # ------------------------------------------------------------------------------------------ clock
 
@@ -139,8 +147,9 @@ class NodeHost:
             self.set_origin(self.origin, self.origin_monotonic)
 
     async def stop(self) -> None:
-        for h in self.timers.values():
-            h.cancel()
+        for alarm in self.alarms.values():
+            alarm.close()
+        self.alarms.clear()
         await self.background.close()
         self.peers.close()
 
@@ -173,30 +182,39 @@ class NodeHost:
             if isinstance(action, Arm):
                 self._arm(action.node, action.t)
             elif isinstance(action, Completed):
-                fut = self.waiting.pop(action.task, None)
-                if fut is not None and not fut.done():
-                    fut.set_result((action.t, action.riders, time.monotonic()))
+                self._completed(action)
             elif isinstance(action, Send):
                 self.background.spawn(self._post_message(action))
             else:
                 log.warning("%s", action.text)
 
+    def _completed(self, done: Completed) -> None:
+        """A task completed: its request's reply, at once (the timer's lateness is this instant minus the
+        completion's own)."""
+        waiting = self.waiting.pop(done.task, None)
+        if waiting is None:
+            return
+        k, admitted, reply = waiting
+        if not reply.done():  # (cancelled: the server is closing)
+            now = time.monotonic()
+            reply.set_result(self.core.served(k, admitted, done.t, done.riders, now, now))
+
     def _arm(self, k: int, t: float) -> None:
-        old = self.timers.pop(k, None)
-        if old is not None:
-            old.cancel()
-        if t < INF:
+        """Node ``k``'s timer is now for model time ``t`` (INF: none)."""
+        alarm = self.alarms.get(k)
+        if alarm is None:
             assert self.loop is not None
-            wait = max(0.0, self.core.clock.to_wall(t) - time.monotonic())
-            self.timers[k] = self.loop.call_later(wait * (1.0 + self.late), self._fire, k, t)
+            alarm = self.alarms[k] = Alarm(self.loop)
+        if t >= INF:
+            alarm.cancel()
+            return
+        due = self.core.clock.to_wall(t)
+        if self.late:  # the test hook: late by a share of the wait
+            now = time.monotonic()
+            due = now + max(0.0, due - now) * (1.0 + self.late)
+        alarm.at(due, self._fire, k, t)
 
     def _fire(self, k: int, t: float) -> None:
-        assert self.loop is not None
-        self.timers.pop(k, None)
-        early = self.core.clock.to_wall(t) - time.monotonic()
-        if early > EARLY_WAKE:
-            self.timers[k] = self.loop.call_later(early, self._fire, k, t)
-            return
         self.core.fire(k, t)
         self.act()
 
@@ -222,21 +240,26 @@ class NodeHost:
 
     # ----------------------------------------------------------------------------------------- routes
 
-    async def task(self, k: int, body: Mapping[str, Any]) -> Reply:
-        """``POST /v1/nodes/k/tasks``: the answer once the task is served (or refused)."""
+    def task(self, k: int, body: Mapping[str, Any]) -> Reply | asyncio.Future[Reply]:
+        """``POST /v1/nodes/k/tasks``: the answer at once (refused), or a future of it, set when the task
+        has been served. A future, not a coroutine: the server answers from its done callback, with no task
+        per request."""
         admitted = self.core.arrive(k, body, self.now())
         self.act()
         if isinstance(admitted, Reply):
             return admitted
         assert self.loop is not None
-        fut: asyncio.Future[tuple[float, list[Message], float]] = self.loop.create_future()
-        self.waiting[admitted.task] = fut
-        try:
-            done, riders, fired = await fut
-        finally:
-            self.waiting.pop(admitted.task, None)
-            self.core.forget(admitted.task)
-        return self.core.served(k, admitted, done, riders, fired, time.monotonic())
+        reply: asyncio.Future[Reply] = self.loop.create_future()
+        reply.add_done_callback(functools.partial(self._gone, admitted.task))
+        self.waiting[admitted.task] = (k, admitted, reply)
+        return reply
+
+    def _gone(self, task: int, reply: asyncio.Future[Reply]) -> None:
+        """A task's request no longer waits for its reply (the server cancelled it, closing, or the client
+        left): the messages that would have ridden on it go on requests of their own."""
+        if reply.cancelled():
+            self.waiting.pop(task, None)
+            self.core.forget(task)
 
     def probe(self, k: int) -> Reply:
         """``POST /v1/nodes/k/probe``."""

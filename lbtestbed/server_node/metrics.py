@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -22,6 +22,7 @@ from lbtestbed.model.nodes import NodeModel
 from lbtestbed.server_node.core import NodeCore
 from lbtestbed.transport.metrics import (
     WALL_BUCKETS,
+    Histogram,
     MessageAges,
     counter,
     counters_by_kind,

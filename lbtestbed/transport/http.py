@@ -46,14 +46,29 @@ class LocalError(HttpError):
 
 
 class _Connection(asyncio.Protocol):
-    __slots__ = ("buffer", "closed", "idle_since", "pending", "signature", "transport")
+    """One kept-alive connection of a pool, with at most one request out at a time (``pending``)."""
 
-    def __init__(self) -> None:
+    __slots__ = (
+        "buffer",
+        "closed",
+        "idle_since",
+        "pending",
+        "pool",
+        "signature",
+        "tag",
+        "timer",
+        "transport",
+    )
+
+    def __init__(self, pool: HttpPool) -> None:
+        self.pool = pool
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.pending: asyncio.Future[tuple[int, bytes]] | None = None
         self.closed = False
         self.signature = b""  # the last answer's X-LBT-Signature
+        self.tag = b""  # what the pending request's answer must be signed for (a signing pool)
+        self.timer: asyncio.TimerHandle | None = None  # the pending request's deadline
         self.idle_since = 0.0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -71,7 +86,6 @@ class _Connection(asyncio.Protocol):
         end = buf.find(b"\r\n\r\n")
         if end < 0:
             return
-        fut = self.pending
         try:
             head = bytes(buf[:end]).lower()
             if not head.startswith(b"http/1.1 "):
@@ -101,23 +115,46 @@ class _Connection(asyncio.Protocol):
         if buf or b"\r\nconnection: close" in head:  # bytes beyond the answer: not reused
             self.closed = True
             buf.clear()
-        self.pending = None
+        self._answered(status, body)
+
+    def _answered(self, status: int, body: bytes) -> None:
+        """The pending request's answer is in: the connection goes back to its pool, the future is set."""
+        pool = self.pool
+        signer = pool.signer
+        if signer is not None and not signer.answer_ok(self.tag, status, body, self.signature):
+            self._fail(HttpError(f"{pool.host}:{pool.port} answered without the cluster's signature"))
+            return
+        fut, self.pending = self.pending, None
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.closed:
+            pool._drop(self)
+        else:
+            self.idle_since = time.monotonic()
+            pool._idle.append(self)
+        if pool.observer is not None:
+            pool.observer.ended(status)
         if fut is not None and not fut.done():
             fut.set_result((status, body))
 
-    def _fail(self, exc: Exception) -> None:
-        self.closed = True
+    def _fail(self, exc: BaseException) -> None:
+        """The pending request failed (``exc``; its future set to it): the connection is dropped."""
         fut, self.pending = self.pending, None
-        if fut is not None and not fut.done():
-            fut.set_exception(exc)
-        if self.transport is not None:
-            self.transport.close()
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.pool._drop(self)
+        if fut is not None:
+            if self.pool.observer is not None:
+                self.pool.observer.failed()
+            if not fut.done():
+                fut.set_exception(exc)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        fut, self.pending = self.pending, None
-        if fut is not None and not fut.done():
-            fut.set_exception(HttpError(f"connection lost: {exc or 'closed by the server'}"))
+        if self.pending is not None:
+            self._fail(HttpError(f"connection lost: {exc or 'closed by the server'}"))
 
 
 class Observer(Protocol):
@@ -132,7 +169,11 @@ class Observer(Protocol):
 
 class HttpPool:
     """Kept-alive connections to the origin of ``url``; ``headers`` go with every request, and with a
-    ``signer`` every request is signed and every answer's signature checked (``transport.signing``)."""
+    ``signer`` every request is signed and every answer's signature checked (``transport.signing``).
+
+    ``request`` starts a POST and returns the future of its answer, with no task when an idle connection
+    is at hand (the load generator's way: a task per request costs more than the request); ``post`` is
+    the same as a coroutine."""
 
     def __init__(
         self,
@@ -153,24 +194,42 @@ class HttpPool:
         self._idle: list[_Connection] = []
         self._open: set[_Connection] = set()
 
-    async def _connection(self, timeout: float | None) -> _Connection:
+    def _idle_connection(self) -> _Connection | None:
+        """A kept-alive connection ready for a request, if the pool holds one."""
         now = time.monotonic()
         while self._idle:
             conn = self._idle.pop()
             if not conn.closed and now - conn.idle_since < IDLE_REUSE:
                 return conn
             self._drop(conn)  # the server closed it while idle, or is about to
+        return None
+
+    async def _connect(self, timeout: float | None) -> _Connection:
         loop = asyncio.get_running_loop()
         try:
             # a deadline on the connect too (a listener whose accept queue is full drops SYNs: the kernel
             # retries for minutes); asyncio.timeout cancels this task, with no task of its own
             async with asyncio.timeout(timeout):
-                _, conn = await loop.create_connection(_Connection, self.host, self.port)
+                _, conn = await loop.create_connection(lambda: _Connection(self), self.host, self.port)
         except OSError as e:
             what = LocalError if e.errno in LOCAL_ERRNOS else HttpError
             raise what(f"cannot connect to {self.host}:{self.port}: {e.strerror or e}") from None
         self._open.add(conn)
         return conn
+
+    def request(
+        self, path: str, body: bytes, timeout: float | None = None
+    ) -> asyncio.Future[tuple[int, bytes]]:
+        """Start a POST of ``body`` (JSON) to ``path``: the future of (status, response body), or of
+        HttpError or TimeoutError. ``timeout`` (wall seconds) bounds the whole request, a new connection
+        included. A task runs it only when a new connection must be opened first."""
+        conn = self._idle_connection()
+        if conn is None:
+            return asyncio.ensure_future(self.post(path, body, timeout))
+        if self.observer is not None:
+            self.observer.started()
+        loop = asyncio.get_running_loop()
+        return self._send(conn, path, body, None if timeout is None else loop.time() + timeout)
 
     async def post(self, path: str, body: bytes, timeout: float | None = None) -> tuple[int, bytes]:
         """POST ``body`` (JSON) to ``path``; (status, response body). HttpError or TimeoutError if not;
@@ -179,52 +238,46 @@ class HttpPool:
             self.observer.started()
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
+        conn = self._idle_connection()
+        if conn is None:
+            try:
+                conn = await self._connect(timeout)
+            except (HttpError, TimeoutError):
+                if self.observer is not None:
+                    self.observer.failed()
+                raise
+        fut = self._send(conn, path, body, deadline)
         try:
-            conn = await self._connection(timeout)
-        except (HttpError, TimeoutError):
-            if self.observer is not None:
-                self.observer.failed()
+            return await fut
+        except asyncio.CancelledError:  # the request did not finish: the connection is in an unknown state
+            if conn.pending is fut:
+                conn._fail(HttpError("request cancelled"))
             raise
-        if conn.closed or conn.transport is None or conn.transport.is_closing():
-            # the server closed it between the connect and now (a listener at its connection limit)
-            self._drop(conn)
-            if self.observer is not None:
-                self.observer.failed()
-            raise HttpError(f"{self.host}:{self.port} closed the connection before the request")
+
+    def _send(
+        self, conn: _Connection, path: str, body: bytes, deadline: float | None
+    ) -> asyncio.Future[tuple[int, bytes]]:
+        """Write the request on ``conn``; the future of its answer (``conn`` settles it)."""
+        loop = asyncio.get_running_loop()
         fut: asyncio.Future[tuple[int, bytes]] = loop.create_future()
         conn.pending = fut
+        if conn.closed or conn.transport is None or conn.transport.is_closing():
+            # the server closed it between the connect and now (a listener at its connection limit)
+            conn._fail(HttpError(f"{self.host}:{self.port} closed the connection before the request"))
+            return fut
         raw_path = path.encode()
-        tag = b""
         if self.signer is None:
             auth = b""
         else:
-            value, tag = self.signer.sign(b"POST", self._to, raw_path, body)
+            value, conn.tag = self.signer.sign(b"POST", self._to, raw_path, body)
             auth = b"Authorization: %s\r\n" % value
         conn.transport.write(
             b"POST %s HTTP/1.1\r\n%s%sContent-Length: %d\r\n\r\n%s"
             % (raw_path, self._fixed, auth, len(body), body)
         )
-        timer = None if deadline is None else loop.call_at(deadline, _expire, conn, fut)
-        try:
-            status, data = await fut
-            if self.signer is not None and not self.signer.answer_ok(tag, status, data, conn.signature):
-                raise HttpError(f"{self.host}:{self.port} answered without the cluster's signature")
-        except BaseException:
-            if self.observer is not None:
-                self.observer.failed()
-            self._drop(conn)  # a request that did not finish leaves the connection in an unknown state
-            raise
-        finally:
-            if timer is not None:
-                timer.cancel()
-        if conn.closed:
-            self._drop(conn)
-        else:
-            conn.idle_since = time.monotonic()
-            self._idle.append(conn)
-        if self.observer is not None:
-            self.observer.ended(status)
-        return status, data
+        if deadline is not None:
+            conn.timer = loop.call_at(deadline, _expire, conn)
+        return fut
 
     def _drop(self, conn: _Connection) -> None:
         conn.closed = True
@@ -238,10 +291,9 @@ class HttpPool:
         self._idle.clear()
 
 
-def _expire(conn: _Connection, fut: asyncio.Future[tuple[int, bytes]]) -> None:
-    if not fut.done():
-        fut.set_exception(TimeoutError("no answer in time"))
-    conn.closed = True
+def _expire(conn: _Connection) -> None:
+    conn.timer = None
+    conn._fail(TimeoutError("no answer in time"))
 
 
 class Peers:

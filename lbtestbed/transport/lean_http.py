@@ -34,16 +34,21 @@ Typical use (a process's shell)::
     ...
     await server.close()   # stops listening, lets requests in flight finish (1 s), closes every connection
 
-or simply ``transport.process.serve(app, url, name, listen, guard, routes=routes)``, which does all that
-(``mount`` included: the lean routes are served on connections handed to the app too).
+or, as the hosts do (``dispatcher.app``, ``server_node.app``), ``mount(routes, app)`` the task routes on the
+process's aiohttp app (which then answers every route by itself, and carries them) and serve the app with
+``transport.process.serve`` (a process) or ``start_serving`` (a test): the lean server in front, on one
+port. A handler returns a ``Response`` or a ``wire.Reply``, at once, from a coroutine (a task runs it), or
+as an ``asyncio.Future`` (answered from its done callback, without a task: the node host's tasks).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
+import re
 import sys
 import time
 import traceback
@@ -84,6 +89,7 @@ _STATUS_LINES = {status: b"HTTP/1.1 %d %s\r\n" % (status, reason) for status, re
 _AUTH = AUTHORIZATION.lower().encode()
 _SCHEME = SCHEME.encode() + b" "
 _SIGNATURE = SIGNATURE.encode()
+_SEGMENT = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)?\}")
 _INFLATE = {b"gzip": 16 + zlib.MAX_WBITS, b"x-gzip": 16 + zlib.MAX_WBITS, b"deflate": zlib.MAX_WBITS}
 
 
@@ -114,6 +120,22 @@ def json_response(obj: Any, status: int = 200) -> Response:
 def error(status: int, message: str, field: str = "", **extra: Any) -> Response:
     """The protocol's JSON error (``wire.error_reply``'s very bytes, without aiohttp)."""
     return Response(status, json.dumps(wire.error_body(message, field, **extra)).encode())
+
+
+def reply(r: wire.Reply) -> Response:
+    """The answer of a ``wire.Reply``: compact (orjson) on the task path, else as ``json.dumps`` writes it
+    (as ``aiohttp_glue.respond`` does)."""
+    return Response(r.status, orjson.dumps(r.body) if r.compact else json.dumps(r.body).encode())
+
+
+def _response(result: Any, request: Request, server: LeanServer) -> Response:
+    """A handler's ``Response``, or the one of its ``wire.Reply``; anything else is a bug (500)."""
+    kind = type(result)
+    if kind is Response:
+        return cast(Response, result)
+    if kind is wire.Reply:
+        return reply(result)
+    return server._handler_failed(request, TypeError(f"handler returned {result!r}"))
 
 
 def _plain(status: int) -> Response:
@@ -152,8 +174,10 @@ class Request:
     @property
     def charset(self) -> str | None:
         """The ``charset`` parameter of the Content-Type, if any."""
-        value = self.headers.get(b"content-type", b"").decode("latin-1")
-        for param in value.split(";")[1:]:
+        raw = self.headers.get(b"content-type", b"")
+        if b";" not in raw:  # no parameters (the usual case)
+            return None
+        for param in raw.decode("latin-1").split(";")[1:]:
             key, _, v = param.partition("=")
             if key.strip().lower() == "charset":
                 return v.strip().strip('"') or None
@@ -164,7 +188,10 @@ class Request:
         return wire.decode_json(self.body, self.charset)
 
 
-Handler = Callable[[Request], "Awaitable[Response] | Response"]
+#: what a handler returns: a ``Response`` or a ``wire.Reply`` (encoded as ``reply`` does), at once, or from a
+#: coroutine, or as the result of an ``asyncio.Future`` (answered by its done callback, without a task)
+Answer = Response | wire.Reply
+Handler = Callable[[Request], "Answer | Awaitable[Answer]"]
 
 
 @dataclass(frozen=True)
@@ -174,26 +201,29 @@ class Route:
 
 
 class Routes:
-    """The route table: an exact path, or a path with one ``{}`` standing for a segment of ASCII digits."""
+    """The route table: an exact path, or a path with one ``{}`` (or ``{name}``) standing for a segment of
+    ASCII digits; the name is what the segment is called where the routes are mounted on an aiohttp app."""
 
     def __init__(self) -> None:
         self.exact: dict[bytes, dict[bytes, Route]] = {}
-        self._patterns: list[tuple[bytes, bytes, dict[bytes, Route]]] = []
+        #: (prefix, suffix, routes by method, the segment's name) of every path with an integer segment
+        self.patterns: list[tuple[bytes, bytes, dict[bytes, Route], str]] = []
 
     def add(self, method: str, path: str, handler: Handler, *, verifier: Verifier | None = None) -> None:
         """Serve ``method`` on ``path`` with ``handler``; with a ``verifier`` only signed requests reach it
         (401 otherwise) and its answers are signed. A GET route answers HEAD too (without the body)."""
-        if not path.startswith("/") or path.count("{}") > 1 or "{" in path.replace("{}", ""):
-            raise ValueError(f"{path!r}: a path with at most one {{}} (an integer segment)")
-        raw = path.encode()
-        if b"{}" in raw:
-            prefix, _, suffix = raw.partition(b"{}")
-            found = [m for p, s, m in self._patterns if (p, s) == (prefix, suffix)]
+        segment = _SEGMENT.search(path)
+        rest = path if segment is None else path[: segment.start()] + path[segment.end() :]
+        if not path.startswith("/") or "{" in rest or "}" in rest:
+            raise ValueError(f"{path!r}: a path with at most one {{}} or {{name}} (an integer segment)")
+        if segment is not None:
+            prefix, suffix = path[: segment.start()].encode(), path[segment.end() :].encode()
+            found = [m for p, s, m, _ in self.patterns if (p, s) == (prefix, suffix)]
             methods = found[0] if found else {}
             if not found:
-                self._patterns.append((prefix, suffix, methods))
+                self.patterns.append((prefix, suffix, methods, segment.group(1) or "param"))
         else:
-            methods = self.exact.setdefault(raw, {})
+            methods = self.exact.setdefault(path.encode(), {})
         if method.upper().encode() in methods:
             raise ValueError(f"{method} {path} has a route already")
         methods[method.upper().encode()] = Route(handler, verifier)
@@ -210,7 +240,7 @@ class Routes:
         methods = self.exact.get(path)
         param = None
         if methods is None:
-            for prefix, suffix, candidates in self._patterns:
+            for prefix, suffix, candidates, _ in self.patterns:
                 if path.startswith(prefix) and path.endswith(suffix):
                     middle = path[len(prefix) : len(path) - len(suffix)]
                     if middle.isdigit():  # ASCII digits only (bytes)
@@ -224,21 +254,29 @@ class Routes:
         return route, param, methods
 
 
+#: the lean routes an aiohttp app carries (``mount``): a process serves them on the lean server
+ROUTES = web.AppKey("lean_routes", Routes)
+
+
 def mount(routes: Routes, app: web.Application) -> None:
-    """Serve ``routes`` on the aiohttp ``app`` too, for connections handed over to it (a client that asked
-    for an admin route first, then for a task on the same connection): the same handlers, with aiohttp's
-    body checks and ``aiohttp_glue.signed``, and each answer closes its connection, so that the client's next
-    request opens a new one, which this server serves. Call it before the app's runner is set up."""
+    """Serve ``routes`` on the aiohttp ``app`` too, and attach them to it (``app[ROUTES]``), so that the app
+    is the process's whole interface: ``transport.process`` serves its lean routes on the lean server and
+    hands it the rest, and an app served by aiohttp alone still answers every route. On a connection
+    handed over to the app (a client that asked for an admin route first, then for a task on the same
+    connection) the same handlers run, with aiohttp's body checks and ``aiohttp_glue.signed``, and each
+    answer closes its connection, so that the client's next request opens a new one, which the lean server
+    serves. Call it before the app's runner is set up."""
+    app[ROUTES] = routes
     for raw, methods in routes.exact.items():
         for method, route in methods.items():
-            app.router.add_route(method.decode(), raw.decode(), _adapted(route))
-    for prefix, suffix, methods in routes._patterns:
-        path = (prefix + b"{param:[0-9]+}" + suffix).decode()
+            app.router.add_route(method.decode(), raw.decode(), _adapted(route, ""))
+    for prefix, suffix, methods, name in routes.patterns:
+        path = f"{prefix.decode()}{{{name}:[0-9]+}}{suffix.decode()}"
         for method, route in methods.items():
-            app.router.add_route(method.decode(), path, _adapted(route))
+            app.router.add_route(method.decode(), path, _adapted(route, name))
 
 
-def _adapted(route: Route) -> aiohttp_glue.Handler:
+def _adapted(route: Route, segment: str) -> aiohttp_glue.Handler:
     async def handle(request: web.Request) -> web.StreamResponse:
         try:
             body = await aiohttp_glue.read_body(request)
@@ -250,13 +288,15 @@ def _adapted(route: Route) -> aiohttp_glue.Handler:
         lean = Request(
             request.method,
             request.raw_path,
-            request.match_info.get("param"),
+            request.match_info.get(segment),
             headers,
             body,
             request.transport.get_extra_info("peername") if request.transport else None,
         )
         result = route.handler(lean)
-        answer = result if type(result) is Response else await cast(Awaitable[Response], result)
+        if type(result) is not Response and type(result) is not wire.Reply:
+            result = await cast(Awaitable[Answer], result)
+        answer = result if type(result) is Response else reply(cast(wire.Reply, result))
         response = web.Response(status=answer.status, body=answer.body, headers=dict(answer.headers))
         response.headers["Content-Type"] = answer.content_type.decode()
         response.force_close()
@@ -618,22 +658,31 @@ class _Connection(asyncio.Protocol):
             self.peer,
         )
         self.server.stats.requests += 1
+        self._handle(slot, route, request)
+
+    def _handle(self, slot: _Slot, route: Route, request: Request) -> None:
+        """Run the handler: its answer now, or when its future is done, or its coroutine returns."""
+        server = self.server
         try:
             result = route.handler(request)
         except Exception as e:
-            self._answer(slot, self.server._handler_failed(request, e))
+            self._answer(slot, server._handler_failed(request, e))
             return
-        if type(result) is Response:
-            self._answer(slot, result)
-            return
-        # the coroutine that awaits the handler answers as the handler returns (a done callback would
-        # cost one more turn of the loop); Python 3.12 runs it eagerly, up to the handler's first wait
-        task = _task(self._run(slot, request, cast(Awaitable[Response], result)))
-        slot.task = task
-        if not task.done():
-            self.server.tasks.add(task)
+        kind = type(result)
+        if kind is Response or kind is wire.Reply:
+            self._answer(slot, _response(result, request, server))
+        elif isinstance(result, asyncio.Future):  # answered by its done callback: no task at all
+            server.tasks.add(result)
+            result.add_done_callback(functools.partial(self._settled, slot, request))
+        else:
+            # the coroutine that awaits the handler answers as the handler returns (a done callback would
+            # cost one more turn of the loop); Python 3.12 runs it eagerly, up to the handler's first wait
+            task = _task(self._run(slot, request, cast(Awaitable[Answer], result)))
+            slot.task = task
+            if not task.done():
+                server.tasks.add(task)
 
-    async def _run(self, slot: _Slot, request: Request, handler: Awaitable[Response]) -> None:
+    async def _run(self, slot: _Slot, request: Request, handler: Awaitable[Answer]) -> None:
         try:
             result = await handler
         except asyncio.CancelledError:  # the server is closing: no answer
@@ -643,9 +692,19 @@ class _Connection(asyncio.Protocol):
             result = self.server._handler_failed(request, e)
         finally:
             self.server.tasks.discard(slot.task)
-        if type(result) is not Response:
-            result = self.server._handler_failed(request, TypeError(f"handler returned {result!r}"))
-        self._answer(slot, result)
+        self._answer(slot, _response(result, request, self.server))
+
+    def _settled(self, slot: _Slot, request: Request, future: asyncio.Future[Answer]) -> None:
+        """A handler's future is done: its answer (none if it was cancelled: the server is closing)."""
+        self.server.tasks.discard(future)
+        if future.cancelled():
+            self._answer(slot, None)
+            return
+        failed = future.exception()
+        if failed is not None:
+            self._answer(slot, self.server._handler_failed(request, failed))
+            return
+        self._answer(slot, _response(future.result(), request, self.server))
 
     def _answer(self, slot: _Slot, response: Response | None) -> None:
         """Give ``slot`` its answer (None: close without one) and send what is ready, in order."""
@@ -769,7 +828,8 @@ class _Connection(asyncio.Protocol):
 class LeanServer:
     """Serves ``routes`` on the connections its listener accepts; ``fallback`` (a protocol factory such as
     aiohttp's ``web.Server``) takes the connections whose request matches no route. The timeouts and the
-    body limit default to the protocol's (a test may shorten them)."""
+    body limit default to the protocol's (a test may shorten them); ``stats`` (default: new ones) is where
+    it counts what it did (a host passes its own, to export them)."""
 
     def __init__(
         self,
@@ -779,13 +839,14 @@ class LeanServer:
         max_body: int = wire.MAX_BODY,
         body_timeout: float = wire.BODY_TIMEOUT,
         idle_timeout: float = IDLE_TIMEOUT,
+        stats: Stats | None = None,
     ) -> None:
         self.routes = routes
         self.fallback = fallback
         self.max_body, self.body_timeout, self.idle_timeout = max_body, body_timeout, idle_timeout
-        self.stats = Stats()
+        self.stats = stats if stats is not None else Stats()
         self.connections: set[_Connection] = set()
-        self.tasks: set[asyncio.Task[None]] = set()
+        self.tasks: set[asyncio.Future[Any]] = set()  # handlers' tasks and futures not done yet
         self.closing = False
         self.listener: asyncio.Server | None = None
         self._sweeper: asyncio.TimerHandle | None = None

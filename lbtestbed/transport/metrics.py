@@ -4,12 +4,16 @@ alike (counters by message kind, the time scale, the listener's connections, the
 
 from __future__ import annotations
 
+import time
+from bisect import bisect_left
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry, GCCollector, Histogram, PlatformCollector, ProcessCollector
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import INF, floatToGoString
 
 from lbtestbed.model.clock import ModelClock
 from lbtestbed.model.experiment import MESSAGE_FAULTS, Experiment
@@ -23,6 +27,74 @@ AGES_KEPT = 200_000
 KEYED_KEPT = 500_000
 #: histogram buckets of wall-second legs and ages: 50 µs to 2.5 s
 WALL_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class Series:
+    """One series of a ``Histogram``: the count in each bucket (not cumulative) and the sum."""
+
+    __slots__ = ("bounds", "counts", "created", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * len(bounds)
+        self.sum = 0.0
+        self.created = time.time()
+
+    def observe(self, amount: float) -> None:
+        """Count ``amount`` in the first bucket whose upper bound is at least it (Prometheus's ``le``)."""
+        self.counts[bisect_left(self.bounds, amount)] += 1
+        self.sum += amount
+
+
+class Histogram(Collector):
+    """A Prometheus histogram for one event loop: the families and samples of ``prometheus_client``'s
+    ``Histogram`` (``_bucket{le}``, ``_count``, ``_sum``, ``_created``; children by label values), at a fifth
+    of its cost per observation (no lock, no per-bucket objects: a bisect and two additions). The task path
+    observes several per task."""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str] = (),
+        buckets: Sequence[float] = WALL_BUCKETS,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.name, self.documentation, self.labelnames = name, documentation, tuple(labelnames)
+        bounds = tuple(sorted(float(b) for b in buckets))
+        self.bounds = bounds if bounds and bounds[-1] == INF else (*bounds, INF)
+        self.children: dict[tuple[str, ...], Series] = {}
+        self._series = None if self.labelnames else self.labels()
+        if registry is not None:
+            registry.register(self)
+
+    def labels(self, *values: str) -> Series:
+        """The series of these label values (made on first use, as prometheus_client does)."""
+        key = tuple(str(v) for v in values)
+        if len(key) != len(self.labelnames):
+            raise ValueError(f"{self.name}: {len(self.labelnames)} label values expected, got {key}")
+        series = self.children.get(key)
+        if series is None:
+            series = self.children[key] = Series(self.bounds)
+        return series
+
+    def observe(self, amount: float) -> None:
+        assert self._series is not None, f"{self.name} has labels: observe one of its series"
+        self._series.observe(amount)
+
+    def collect(self) -> Iterator[Metric]:
+        family = Metric(self.name, self.documentation, "histogram")
+        les = [floatToGoString(b) for b in self.bounds]
+        for key, series in self.children.items():
+            labels = dict(zip(self.labelnames, key, strict=True))
+            total = 0
+            for le, count in zip(les, series.counts, strict=True):
+                total += count
+                family.add_sample(f"{self.name}_bucket", {**labels, "le": le}, total)
+            family.add_sample(f"{self.name}_count", labels, total)
+            family.add_sample(f"{self.name}_sum", labels, series.sum)
+            family.add_sample(f"{self.name}_created", labels, series.created)
+        yield family
 
 
 def sojourn_buckets(exp: Experiment) -> list[float]:

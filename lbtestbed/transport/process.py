@@ -29,7 +29,7 @@ from aiohttp import web
 from lbtestbed.model.experiment import Experiment
 from lbtestbed.transport.cluster_file import ClusterError, ClusterFile
 from lbtestbed.transport.http import IDLE_TIMEOUT
-from lbtestbed.transport.lean_http import LeanServer, Routes, mount
+from lbtestbed.transport.lean_http import ROUTES, LeanServer, Routes, Stats, mount
 
 #: descriptors a process keeps for its peers whatever its clients do
 RESERVE = 512
@@ -224,6 +224,60 @@ def _host_port(text: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
+class Serving:
+    """An app served on one port (``start_serving``): its aiohttp runner, and the lean server of its task
+    path in front when it has one. ``close`` stops both."""
+
+    def __init__(self, runner: web.AppRunner, listener: asyncio.Server, lean: LeanServer | None) -> None:
+        self.runner, self.listener, self.lean = runner, listener, lean
+
+    @property
+    def port(self) -> int:
+        return int(self.listener.sockets[0].getsockname()[1])
+
+    async def close(self) -> None:
+        self.listener.close()
+        if self.lean is not None:
+            await self.lean.close()
+        await self.runner.cleanup()
+
+
+async def start_serving(
+    app: web.Application,
+    host: str,
+    port: int,
+    guard: ConnectionGuard | None = None,
+    routes: Routes | None = None,
+    stats: Stats | None = None,
+) -> Serving:
+    """Serve ``app`` on ``host:port`` (0: a free port) as a cluster process does: the lean routes the app
+    carries (``lean_http.mount``), or ``routes``, on a ``lean_http.LeanServer`` that hands every other
+    request to the app; the app alone if it has none. ``guard`` caps the connections; ``stats``: the lean
+    server's counts (a host exports them)."""
+    if routes is not None:
+        mount(routes, app)  # for connections the lean server hands to the app
+    routes = app.get(ROUTES)
+    # tasks still in service when the process stops are lost anyway: do not wait for them long
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        handle_signals=False,
+        shutdown_timeout=1.0,
+        keepalive_timeout=IDLE_TIMEOUT,  # also closes a connection that never sends a whole request
+    )
+    await runner.setup()
+    if routes is None:
+        assert runner.server is not None
+        factory: Callable[[], asyncio.Protocol] = runner.server
+        if guard is not None:
+            guard.server, factory = runner.server, guard
+        loop = asyncio.get_running_loop()
+        listener = await loop.create_server(factory, host, port, backlog=4096, reuse_address=True)
+        return Serving(runner, listener, None)
+    lean = LeanServer(routes, runner.server, stats=stats)
+    return Serving(runner, await lean.start(host, port, guard), lean)
+
+
 def serve(
     app: web.Application,
     url: str,
@@ -231,10 +285,12 @@ def serve(
     listen: str | None = None,
     guard: ConnectionGuard | None = None,
     routes: Routes | None = None,
+    stats: Stats | None = None,
 ) -> None:
     """Serve ``app`` on ``listen`` (HOST:PORT), by default the host and port of ``url``, until SIGTERM;
-    ``guard`` caps its connections (default: a node host's budget). With ``routes`` (the task path), a
-    ``lean_http.LeanServer`` serves those and hands every other request to ``app``, on the same port."""
+    ``guard`` caps its connections (default: a node host's budget). The task path (the lean routes the app
+    carries, or ``routes``) is served by a ``lean_http.LeanServer``, which hands every other request to
+    ``app`` on the same port and counts into ``stats``."""
     import uvloop
 
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(message)s")
@@ -245,34 +301,15 @@ def serve(
     host, port = bind
 
     async def main() -> None:
-        if routes is not None:
-            mount(routes, app)  # for connections the lean server hands to the app
-        # tasks still in service when the process stops are lost anyway: do not wait for them long
-        runner = web.AppRunner(
-            app,
-            access_log=None,
-            handle_signals=False,
-            shutdown_timeout=1.0,
-            keepalive_timeout=IDLE_TIMEOUT,  # also closes a connection that never sends a whole request
-        )
-        await runner.setup()
-        loop = asyncio.get_running_loop()
-        lean = None
-        if routes is None:
-            guard.server = runner.server
-            listener = await loop.create_server(guard, host, port, backlog=4096, reuse_address=True)
-        else:
-            lean = LeanServer(routes, runner.server)
-            listener = await lean.start(host, port, guard)
-        logging.info("serving on %s:%d as %s (at most %d connections)", host, port, url, guard.limit)
+        serving = await start_serving(app, host, port, guard, routes, stats)
+        lean = "" if serving.lean is None else ", the task path on the lean server"
+        logging.info("serving on %s:%d as %s (at most %d connections%s)", host, port, url, guard.limit, lean)
         stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         logging.info("stopping")
-        listener.close()
-        if lean is not None:
-            await lean.close()
-        await runner.cleanup()
+        await serving.close()
 
     uvloop.run(main())

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
+
+import orjson
 
 from lbtestbed.policies import MESSAGE_ID
 from lbtestbed.policies.base import Message
@@ -62,8 +65,27 @@ def bad_request(e: BadRequest) -> Reply:
     return error_reply(e.status, str(e), e.field)
 
 
+#: 19 digits in a row: maybe an integer beyond 64 bits, which orjson would read as a float
+_LONG_DIGITS = re.compile(rb"\d{19}")
+
+
 def decode_json(raw: bytes, charset: str | None = None) -> Mapping[str, Any]:
-    """A request body's JSON object (``charset``: the request's, UTF-8 if none), or BadRequest."""
+    """A request body's JSON object (``charset``: the request's, UTF-8 if none), or BadRequest.
+
+    The standard library's reader decides; orjson reads the usual body first, several times faster, and
+    where it reads a body at all it reads the same values (tests/test_wire.py holds it to that): a body
+    in UTF-8 without an integer of 19 digits or more (orjson reads one beyond 64 bits as a float). What it
+    refuses (NaN, 1e400, a lone surrogate, deep nesting, anything malformed) the standard reader reads
+    or refuses as before."""
+    if (charset is None or charset.lower() == "utf-8") and not _LONG_DIGITS.search(raw):
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+        else:
+            if not isinstance(body, dict):
+                raise BadRequest("body must be a JSON object")
+            return body
     try:
         body = json.loads(raw.decode(charset or "utf-8"))
     except LookupError:
