@@ -23,7 +23,7 @@ from lbtestbed.cli.output import (
     say,
     stages,
 )
-from lbtestbed.experiment.run import RunOptions, run
+from lbtestbed.experiment.run import RunOptions, RunOutcome, run
 from lbtestbed.loadgen import summary as summary_of
 from lbtestbed.loadgen.locust_run import passthrough_problem
 from lbtestbed.model.experiment import Experiment
@@ -280,16 +280,35 @@ def cmd_run(args: argparse.Namespace) -> int:
         simulate=not args.no_simulation,
         force=args.force,
     )
-    done = run(exp, options, stages(args.quiet))
-    if args.json:
-        print_json(done.report.to_json())
-    else:
-        from lbtestbed.analysis.report.run_report import terminal  # loaded by the run already
+    return _print_run(run(exp, options, stages(args.quiet)), args.json)
 
-        print(terminal(done.report))
+
+def _print_run(done: RunOutcome, as_json: bool) -> int:
+    """What ``lbt run`` and ``lbt report`` print of a run's report; the exit code: 0 when it passed, 1
+    when not (or nothing could be compared), 128 + N when signal N stopped the run."""
+    if as_json:
+        print(Path(done.directory / "results.json").read_text(), end="")
+    elif done.report is None:
+        print((done.directory / "report.md").read_text().split("\n\n")[1].strip("*"))
+        print(f"report: {done.directory / 'report.md'} (results.json beside it)")
+    else:
+        from lbtestbed.analysis.report.run_report import partial_note, terminal  # loaded by the run already
+
+        partial = partial_note(done.report.context)
+        print(terminal(done.report) + (f"\n{partial}" if partial else ""))
         beside = f"results.json and {len(done.files) - 2} plots beside it"
         print(f"report: {done.directory / 'report.md'} ({beside})")
-    return EXIT_OK if done.report.passed else EXIT_FAILED
+    if done.interrupted:
+        return 128 + done.interrupted
+    return EXIT_OK if done.report is not None and done.report.passed else EXIT_FAILED
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from lbtestbed.experiment.report_again import report_again
+
+    done = report_again(Path(args.directory), stages(args.quiet), simulate=not args.no_simulation)
+    code = _print_run(done, args.json)
+    return EXIT_FAILED if done.interrupted else code
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:

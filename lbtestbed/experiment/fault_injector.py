@@ -105,8 +105,11 @@ class Injector:
         path: Path,
         origin: float,
         say: Callable[[str], None],
+        note: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
+        """``note``: where each action is also written as it is taken (the run's journal)."""
         self.exp, self.f, self.path, self.origin, self.say = exp, f, path, origin, say
+        self.note = note
         self.scale = exp.run.time_scale
         self.log: list[FaultAction] = []
         self.signer = Signer(f.token)
@@ -164,6 +167,8 @@ class Injector:
         nodes = list(e.nodes) if e is not None else [fault.node] if fault.kind in GRAY_FAULTS else []
         entry = FaultAction(i, fault.kind, action, target, at, error, nodes)
         self.log.append(entry)
+        if self.note is not None:
+            self.note({"e": "fault", **asdict(entry)})
         note = f" ({error})" if error else ""
         self.say(f"fault {i}: {action} {target} at model time {entry.model_time:.4g}{note}")
 

@@ -6,6 +6,7 @@ at once (``run_size_problem``, also for ``lbt sweep``'s points)."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lbtestbed.experiment.errors import BadInput, Failed
+from lbtestbed.experiment.run_record import is_run
 from lbtestbed.model.experiment import Experiment
 from lbtestbed.model.reader import SpecError
 from lbtestbed.model.reading import sent_tasks_problem
@@ -53,9 +55,10 @@ class RunOptions:
 
 @dataclass(frozen=True)
 class RunOutcome:
-    report: RunReport  # the comparison; results.json's object
+    report: RunReport | None  # the comparison, results.json's object (None: fewer than two batches)
     files: list[Path]  # what was written: report.md, results.json, the plots
     directory: Path
+    interrupted: int = 0  # the signal that stopped the run early (0: it ran to its end)
 
 
 def run(exp: Experiment, options: RunOptions, say: Say) -> RunOutcome:
@@ -82,8 +85,11 @@ def run(exp: Experiment, options: RunOptions, say: Say) -> RunOutcome:
         if refusal:
             raise BadInput(refusal)
     directory = options.out or default_directory(exp.name)
+    problem = output_problem(directory, "--out" if options.out else "the report directory")
+    if problem:
+        raise BadInput(problem)
     try:
-        rep, files = run_experiment(
+        done = run_experiment(
             exp,
             directory,
             say,
@@ -98,13 +104,33 @@ def run(exp: Experiment, options: RunOptions, say: Say) -> RunOutcome:
         )
     except run_errors() as e:
         raise Failed(str(e)) from e
-    return RunOutcome(rep, files, directory)
+    except KeyboardInterrupt:
+        if is_run(directory):  # stopped while the report was written: the run itself is kept
+            say(f"the run is kept in {directory}: `lbt report {directory}` writes its report")
+        raise
+    return RunOutcome(done.report, done.files, directory, done.interrupted)
+
+
+def output_problem(directory: Path, what: str) -> str | None:
+    """Why ``directory`` cannot take a run's files (one line), or None: it is made if missing and a file
+    is written there and removed, before anything starts."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f".lbt-write-{os.getpid()}"
+        with open(probe, "wb") as f:
+            f.write(b"lbt")
+        probe.unlink()
+    except OSError as e:
+        return f"{what} {directory}: cannot write there: {e.strerror or e}"
+    return None
 
 
 def run_errors() -> tuple[type[Exception], ...]:
-    """What makes a cluster run fail without a bug: a process, a scrape or Prometheus."""
+    """What makes a cluster run fail without a bug: a process, a scrape, Prometheus, or the journal
+    (a full disk)."""
     from lbtestbed.analysis.measurement.scrape import ScrapeError
     from lbtestbed.cluster.prometheus import PrometheusError
+    from lbtestbed.loadgen.journal import JournalError
     from lbtestbed.transport.cluster_file import ClusterError
 
-    return (ClusterError, ScrapeError, PrometheusError)
+    return (ClusterError, ScrapeError, PrometheusError, JournalError)

@@ -242,7 +242,9 @@ def run_points(
 ) -> list[Point]:
     """Run every point of ``experiments(...)`` on a cluster of this machine, one by one, each with its
     report in a directory of its own under ``directory``; ``progress(k)`` after the k-th is done."""
+    from lbtestbed.cluster.processes import Interrupted
     from lbtestbed.experiment.runner import run_experiment
+    from lbtestbed.transport.cluster_file import ClusterError
 
     keys = _keys(points)
     directory.mkdir(parents=True, exist_ok=True)
@@ -250,7 +252,12 @@ def run_points(
     for i, (p, exp) in enumerate(points, 1):
         sub = directory / (f"{i:02d}-" + re.sub(r"[^A-Za-z0-9_.=-]+", "_", "-".join(p))[:80])
         say(f"point {i}/{len(points)}: {_label(_settings(p, keys))}")
-        rep, _ = run_experiment(exp, sub, lambda line: say(f"  {line}"), **cluster_options)
+        done = run_experiment(exp, sub, lambda line: say(f"  {line}"), **cluster_options)
+        if done.interrupted:  # the point's partial report is written: the sweep ends there
+            raise Interrupted(done.interrupted)
+        rep = done.report
+        if rep is None:
+            raise ClusterError(f"point {i}: fewer than two batches to compare (see {sub / 'report.md'})")
         assert rep.theory is not None
         out.append(Point(_settings(p, keys), rep.cluster, rep.theory, rep.agrees, str(sub)))
         if progress is not None:

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import json
+import math
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -30,7 +32,9 @@ import orjson
 import uvloop
 
 from lbtestbed.loadgen import TASK_DEADLINE
-from lbtestbed.model.experiment import Experiment
+from lbtestbed.loadgen import journal as events
+from lbtestbed.loadgen.journal import Journal
+from lbtestbed.model.experiment import MAX_PROCESS_BYTES, SENT_TASK_BYTES, Experiment
 from lbtestbed.model.workload import PoissonWorkload
 from lbtestbed.transport.http import HttpPool
 from lbtestbed.transport.wire import PREFIX
@@ -115,7 +119,7 @@ class LoadReport:
         sent: float,
         done: float,
         scale: float,
-    ) -> None:
+    ) -> TaskRecord:
         """Record a task its dispatcher answered (``reply``: the answer's JSON; monotonic instants: the
         intended send, the request leaving, the answer read). A malformed answer raises before anything is
         counted."""
@@ -127,6 +131,61 @@ class LoadReport:
         self.outcomes["completed"] += 1
         self.sojourns.append(sojourn)
         self.records.append(record)
+        return record
+
+    def ended(self, t: float, outcome: str, node: int, sojourn: float | None) -> None:
+        """Record a task that did not complete: refused, lost, failed, expired or cancelled (``sojourn``:
+        model seconds from its intended send to its answer or to giving up; None for cancelled)."""
+        self.outcomes[outcome] += 1
+        self.failures.append((t, outcome, node))
+        if sojourn is not None:
+            self.other_sojourns.append((outcome, sojourn))
+
+    @classmethod
+    def from_events(
+        cls, journal: Iterable[Mapping[str, Any]], scheduled: int, time_scale: float
+    ) -> LoadReport:
+        """The report as a journal's events tell it (``loadgen.journal``). A task sent without a fate in the
+        journal (the run was cut short before its answer was written) counts as ``cancelled``, a task not
+        sent when the journal ends as ``unsent``."""
+        report = cls(scheduled=scheduled)
+        open_tasks: dict[int, float] = {}
+        late_limit, finished = LATE, False
+        for e in journal:
+            kind = e["e"]
+            if kind == "sent":
+                open_tasks[e["i"]] = e["t"]
+                report.lateness.append(e["late"])
+            elif kind == "dropped":
+                report.lateness.append(e["late"])
+                report.outcomes["dropped"] += 1
+            elif kind == "completed":
+                open_tasks.pop(e["i"], None)
+                record = TaskRecord(
+                    *(e[k] for k in TaskRecord._fields[:6]),  # t, work, node, sojourn, stay, waited
+                    *(NAN if e.get(k) is None else float(e[k]) for k in TaskRecord._fields[6:]),
+                )
+                report.outcomes["completed"] += 1
+                report.records.append(record)
+                report.sojourns.append(record.sojourn)
+            elif kind in events.FATES:
+                open_tasks.pop(e["i"], None)
+                report.ended(e["t"], kind, e["node"], e.get("sojourn"))
+            elif kind == "unsent":
+                report.outcomes["unsent"] += e["count"]
+                report.interrupted = True
+            elif kind == "load":
+                finished, late_limit = True, e.get("late_limit", LATE)
+                report.send_seconds, report.wall_seconds = e["send_seconds"], e["wall_seconds"]
+                report.model_seconds = report.wall_seconds / time_scale
+                report.interrupted = report.interrupted or bool(e.get("interrupted"))
+        for t in open_tasks.values():
+            report.ended(t, "cancelled", -1, None)
+        if not finished:
+            report.interrupted = True
+            report.outcomes["unsent"] = scheduled - len(report.lateness)  # sent or dropped: one lateness each
+        report.late = sum(1 for x in report.lateness if x > late_limit)
+        return report
 
     def summary(self) -> dict[str, object]:
         lat = np.array(self.lateness) if self.lateness else np.zeros(1)
@@ -169,11 +228,26 @@ def write_trace(path: Path, tasks: Sequence[tuple[float, float]]) -> None:
             f.write(f"{t!r},{w!r}\n")
 
 
+#: the longest line of a trace (two numbers) and the most tasks one may hold (what a generator can keep)
+MAX_TRACE_LINE = 256
+MAX_TRACE_TASKS = MAX_PROCESS_BYTES // SENT_TASK_BYTES
+
+
 def read_trace(path: Path) -> list[tuple[float, float]]:
-    """A recorded workload; a malformed line is an error naming the file and the line."""
+    """A recorded workload; a malformed line is an error (ValueError) naming the file and the line, and so
+    are a line longer than MAX_TRACE_LINE and more than MAX_TRACE_TASKS tasks: a trace of a device that
+    never ends (``/dev/zero``) is refused at its first line, with the memory it holds bounded."""
     tasks: list[tuple[float, float]] = []
-    with open(path) as f:
-        for i, line in enumerate(f, 1):
+    with open(path, encoding="utf-8") as f:
+        for i in itertools.count(1):
+            try:
+                line = f.readline(MAX_TRACE_LINE + 1)
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{i}: not UTF-8 text: {e.reason}") from None
+            if not line:
+                return tasks
+            if len(line) > MAX_TRACE_LINE:
+                raise ValueError(f"{path}:{i}: a line longer than {MAX_TRACE_LINE} characters: not a trace")
             line = line.strip()
             if not line or line.startswith("#"):
                 continue
@@ -181,8 +255,14 @@ def read_trace(path: Path) -> list[tuple[float, float]]:
                 t, w = (float(x) for x in line.split(","))
             except ValueError:
                 raise ValueError(f"{path}:{i}: expected 'time,work', got {line!r}") from None
-            if w <= 0 or (tasks and t < tasks[-1][0]):
-                raise ValueError(f"{path}:{i}: times must not decrease and work must be positive")
+            if not (math.isfinite(t) and math.isfinite(w)) or w <= 0 or (tasks and t < tasks[-1][0]):
+                raise ValueError(
+                    f"{path}:{i}: times must be finite and not decrease, work finite and positive"
+                )
+            if len(tasks) >= MAX_TRACE_TASKS:
+                raise ValueError(
+                    f"{path}:{i}: more than {MAX_TRACE_TASKS:,} tasks: more than a generator holds"
+                )
             tasks.append((t, w))
     return tasks
 
@@ -216,7 +296,8 @@ class YoungCollector:
 
 
 class Interrupt:
-    """Stops a ``drive`` early (Ctrl-C): the schedule's wait ends at once, nothing more is sent."""
+    """Stops a ``drive`` early (Ctrl-C): the schedule's wait ends at once, nothing more is sent; called
+    again, it cuts short the wait for the tasks out (``drain``)."""
 
     def __init__(self) -> None:
         self.set = False
@@ -226,6 +307,20 @@ class Interrupt:
         self.set = True
         if self._nap is not None and not self._nap.done():
             self._nap.set_result(None)
+
+    async def drain(self, pending: set[asyncio.Task[None]], seconds: float) -> None:
+        """Wait up to ``seconds`` for the ``pending`` tasks to end, unless interrupted again."""
+        if not pending or seconds <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        self._nap = nap = loop.create_future()
+        handle = loop.call_later(seconds, _wake, nap)
+        everything = asyncio.ensure_future(asyncio.wait(set(pending)))
+        try:
+            await asyncio.wait({everything, nap}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            handle.cancel()
+            everything.cancel()
 
     async def sleep(self, seconds: float) -> None:
         """``asyncio.sleep`` that the interrupt cuts short."""
@@ -255,6 +350,8 @@ async def drive(
     deadline: float = TASK_DEADLINE,
     interrupt: Interrupt | None = None,
     report: LoadReport | None = None,
+    journal: Journal | None = None,
+    drain: float = 0.0,
 ) -> LoadReport:
     """Send ``tasks`` on their schedule, task i to dispatcher ``routes[i]`` (the spec's split:
     ``DispatcherSplit``; by default in turn); return what happened.
@@ -264,7 +361,9 @@ async def drive(
     queued, and no send leaves before its intended time (uvloop's timers can fire up to 1 ms early). A
     task not answered within ``deadline`` wall seconds of its send is expired; ``interrupt`` stops the
     run early (the report says what was sent and completed until then). ``report``: an empty report to
-    fill, for a caller that reads it while the run goes on (``loadgen.metrics``).
+    fill, for a caller that reads it while the run goes on (``loadgen.metrics``). ``journal``: where every
+    task's fate is appended as it happens (``loadgen.journal``). Once interrupted, the tasks out have up to
+    ``drain`` wall seconds to come back (an interrupt again cuts it short); the rest are cancelled.
     """
     report = report if report is not None else LoadReport()
     report.scheduled = len(tasks)
@@ -283,31 +382,32 @@ async def drive(
         report.lateness.append(lateness)
         if lateness > LATE:
             report.late += 1
+        route = routes[i] if routes is not None else i % len(pools)
+        if journal is not None:
+            journal.write(events.sent(i, t, route, lateness))
+        outcome, node, sojourn = "failed", -1, None
         try:
             body = b'{"work": %r}' % work  # repr of a finite float is a JSON number
-            pool = pools[routes[i]] if routes is not None else pools[i % len(pools)]
-            status, raw = await pool.post(path, body, timeout=deadline)
+            status, raw = await pools[route].post(path, body, timeout=deadline)
             done = time.monotonic()
             if status == 200:
-                report.completed(t, work, orjson.loads(raw), intended, sent, done, time_scale)
-            else:
-                outcome = {503: "refused", 502: "lost"}.get(status, "failed")
-                report.other_sojourns.append((outcome, (done - intended) / time_scale))
-                report.outcomes[outcome] += 1
-                report.failures.append((t, outcome, _node_of(raw)))
+                record = report.completed(t, work, orjson.loads(raw), intended, sent, done, time_scale)
+                if journal is not None:
+                    journal.write(events.completed(i, record))
+                return
+            outcome = {503: "refused", 502: "lost"}.get(status, "failed")
+            node, sojourn = _node_of(raw), (done - intended) / time_scale
         except TimeoutError:
-            report.other_sojourns.append(("expired", (time.monotonic() - intended) / time_scale))
-            report.outcomes["expired"] += 1
-            report.failures.append((t, "expired", -1))
+            outcome, sojourn = "expired", (time.monotonic() - intended) / time_scale
         except (OSError, ValueError, AttributeError, TypeError):
-            report.other_sojourns.append(("failed", (time.monotonic() - intended) / time_scale))
-            report.outcomes["failed"] += 1
-            report.failures.append((t, "failed", -1))
+            outcome, sojourn = "failed", (time.monotonic() - intended) / time_scale
         except asyncio.CancelledError:  # interrupted: its answer no longer counts
-            report.outcomes["cancelled"] += 1
-            report.failures.append((t, "cancelled", -1))
+            outcome = "cancelled"
         finally:
             outstanding -= 1
+        report.ended(t, outcome, node, sojourn)
+        if journal is not None:
+            journal.write(events.ended(i, outcome, t, node, sojourn))
 
     if start is None:
         start = time.monotonic() + 0.05
@@ -330,6 +430,8 @@ async def drive(
                 if now - intended > LATE:
                     report.late += 1
                 report.outcomes["dropped"] += 1
+                if journal is not None:
+                    journal.write({"e": "dropped", "i": i, "t": t, "late": now - intended})
                 continue
             outstanding += 1
             task = asyncio.ensure_future(send(i, t, work, intended))
@@ -338,6 +440,8 @@ async def drive(
             if now > next_report:
                 next_report = now + 1.0
                 collector.tick()
+                if journal is not None:
+                    journal.flush()
                 if progress is not None:
                     progress(i + 1, len(tasks))
         report.send_seconds = max(
@@ -347,6 +451,9 @@ async def drive(
         if interrupt.set:
             report.interrupted = True
             report.outcomes["unsent"] += len(tasks) - sent
+            if journal is not None:
+                journal.write({"e": "unsent", "from": sent, "count": len(tasks) - sent})
+            await interrupt.drain(pending, drain)
             for task in list(pending):
                 task.cancel()
         if pending:
@@ -358,6 +465,17 @@ async def drive(
         report.model_seconds = report.wall_seconds / time_scale
         for pool in pools if own else ():
             pool.close()
+        if journal is not None:
+            journal.write(
+                {
+                    "e": "load",
+                    "send_seconds": report.send_seconds,
+                    "wall_seconds": report.wall_seconds,
+                    "interrupted": report.interrupted,
+                    "late_limit": LATE,
+                }
+            )
+            journal.flush()
     return report
 
 

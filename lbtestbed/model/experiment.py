@@ -185,6 +185,10 @@ class HealthSpec:
     outlier_min_tasks: int = 5
     slow_share: float = 0.5
     ejection_time: float = 5.0
+    # supervision by lbt run (experiment.watch): a process that dies outside the spec's faults is started
+    # again at once, one that answers nothing for ``restart_after`` wall seconds is killed and started again
+    restart: bool = False
+    restart_after: float = 5.0
 
 
 @dataclass(frozen=True)

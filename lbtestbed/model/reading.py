@@ -46,6 +46,7 @@ from lbtestbed.model.experiment import (
     Workload,
     draw_speeds,
 )
+from lbtestbed.model.files import MAX_DEPTH, MAX_SPEC_BYTES, TooLarge, read_limited, too_deep
 from lbtestbed.model.reader import SpecError, TableReader, show
 from lbtestbed.model.schedules import Antagonist, Entry, NodeSpeed, Ramp, Step
 from lbtestbed.model.utility import TableUtility, Utility, XLogUtility, first_concavity_violation
@@ -605,6 +606,8 @@ def _read_health(top: TableReader) -> HealthSpec:
         h.integer("outlier_min_tasks", default=5, minimum=1),
         slow_share,
         h.number("ejection_time", 5.0),
+        h.boolean("restart", False),
+        h.number("restart_after", 5.0),
     )
 
 
@@ -648,21 +651,37 @@ def read_document(path: str | Path) -> dict[str, Any]:
     """A spec file's TOML document (or its JSON form, ``model.document``, in a ``.json`` file), or
     SpecError: cannot read it, not UTF-8, not TOML (or JSON)."""
     source = str(path)
+    text = _spec_text(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        if source.endswith(".json"):
+            try:
+                data = json.loads(text)
+            except ValueError as e:
+                raise SpecError(source, "", f"not valid JSON: {e}") from None
+            if not isinstance(data, dict):
+                raise SpecError(source, "", "a spec document in JSON is an object")
+        else:
+            try:
+                data = tomllib.loads(text)
+            except tomllib.TOMLDecodeError as e:
+                raise SpecError(source, "", f"not valid TOML: {e}") from None
+    except RecursionError:  # arrays or tables nested thousands deep: the parser gives up
+        raise SpecError(source, "", f"nested too deeply to read (at most {MAX_DEPTH} levels)") from None
+    problem = too_deep(data)
+    if problem:
+        raise SpecError(source, "", problem)
+    return data
+
+
+def _spec_text(path: str | Path) -> str:
+    """A spec file's text, at most MAX_SPEC_BYTES of it (SpecError: cannot read it, too large, not
+    UTF-8)."""
+    source = str(path)
+    try:
+        return read_limited(path, MAX_SPEC_BYTES).decode("utf-8")
     except OSError as e:
         raise SpecError(source, "", f"cannot read: {e.strerror or e}") from None
+    except TooLarge as e:
+        raise SpecError(source, "", str(e)) from None
     except UnicodeDecodeError as e:
         raise SpecError(source, "", f"not UTF-8 text: {e.reason} at byte {e.start}") from None
-    if source.endswith(".json"):
-        try:
-            data = json.loads(text)
-        except ValueError as e:
-            raise SpecError(source, "", f"not valid JSON: {e}") from None
-        if not isinstance(data, dict):
-            raise SpecError(source, "", "a spec document in JSON is an object")
-        return data
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise SpecError(source, "", f"not valid TOML: {e}") from None
