@@ -23,6 +23,7 @@ from lbtestbed.cli.output import (
     say,
     stages,
 )
+from lbtestbed.experiment.errors import FULL_DISK, BadInput, disk_full
 from lbtestbed.experiment.run import RunOptions, RunOutcome, run
 from lbtestbed.loadgen import summary as summary_of
 from lbtestbed.loadgen.locust_run import passthrough_problem
@@ -52,17 +53,22 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from lbtestbed.experiment.simulate import simulate
 
     try:
-        result = simulate(
-            exp,
-            replications=args.replications,
-            jobs=args.jobs,
-            executor=args.executor,
-            records=records,
-            quiet=args.quiet,
-        )
-    finally:
-        if records is not None:
-            records.close()
+        try:
+            result = simulate(
+                exp,
+                replications=args.replications,
+                jobs=args.jobs,
+                executor=args.executor,
+                records=records,
+                quiet=args.quiet,
+            )
+        finally:
+            if records is not None:
+                records.close()
+    except OSError as e:  # writing the records: a full disk (exit 1), or a file that takes no writes
+        if e.errno in FULL_DISK:
+            raise disk_full(e, f"--records {args.records}") from None
+        raise BadInput(f"--records {args.records}: {e.strerror or e}") from None
     if args.json:
         print_json(result.to_json())
     else:

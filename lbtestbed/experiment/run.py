@@ -25,12 +25,44 @@ if TYPE_CHECKING:
 Say = Callable[[str], None]
 
 
+#: the shortest batch ``lbt run`` measures, in wall seconds: at each boundary it scrapes every process, which
+#: takes some milliseconds, and a batch must be long against that
+MIN_BATCH_WALL = 0.05
+#: the longest run ``lbt run`` starts, in wall seconds (a week)
+MAX_RUN_WALL = 7 * 86400.0
+
+
 def run_size_problem(exp: Experiment) -> str | None:
-    """Why ``lbt run`` could not hold the tasks it sends (the spec's warm-up, window and drain), or None."""
+    """Why ``lbt run`` could not hold the tasks it sends (the spec's warm-up, window and drain), or could
+    not measure its batches on this machine, or None."""
     # lbt run's arrivals: warm-up, window, and a fifth of the window more on processor-sharing nodes
     # (experiment.runner.drain_arrivals); the larger of the two, without importing the runner
     horizon = exp.run.warmup + 1.2 * exp.run.duration
-    return sent_tasks_problem(exp, horizon, "the run")
+    return sent_tasks_problem(exp, horizon, "the run") or (
+        None if exp.run.auto_time_scale else wall_problem(exp)
+    )
+
+
+def wall_problem(exp: Experiment) -> str | None:
+    """Why the run's batches are too short or the run too long in wall seconds (its time scale resolved),
+    or None."""
+    run = exp.run
+    batch = run.duration * run.time_scale / run.batches
+    if batch < MIN_BATCH_WALL:
+        most = int(run.duration * run.time_scale / MIN_BATCH_WALL)
+        fix = f"at most {most} batches, or" if most >= 2 else "a longer duration or"
+        return (
+            f"{exp.source}: run.batches: {run.batches} batches of {1e3 * batch:.3g} ms wall each (duration x "
+            f"time_scale / batches): at least {1e3 * MIN_BATCH_WALL:g} ms, as every boundary scrapes every "
+            f"process; {fix} a larger run.time_scale"
+        )
+    wall = (run.warmup + run.duration) * run.time_scale
+    if wall > MAX_RUN_WALL:
+        return (
+            f"{exp.source}: run.time_scale: warmup + duration = {run.warmup + run.duration:g} model s at "
+            f"{run.time_scale:g} wall s each take {wall:.3g} wall s: at most {MAX_RUN_WALL:g} (a week)"
+        )
+    return None
 
 
 def default_directory(prefix: str) -> Path:
@@ -74,6 +106,9 @@ def run(exp: Experiment, options: RunOptions, say: Say) -> RunOutcome:
     from lbtestbed.transport.cluster_file import ClusterError
 
     record: dict[str, Any] = {}
+    problem = output_problem(options.out, "--out") if options.out else None
+    if problem:
+        raise BadInput(problem)
     if options.endpoints:
         try:  # the cluster named must exist and run this experiment: checked before anything starts
             exp = at_cluster_scale(exp, options.endpoints)
@@ -84,8 +119,11 @@ def run(exp: Experiment, options: RunOptions, say: Say) -> RunOutcome:
         exp, record, refusal = prepare(exp, options.node_processes, options.force, say)
         if refusal:
             raise BadInput(refusal)
+    problem = wall_problem(exp)  # the time scale resolved (auto, or the cluster's)
+    if problem:
+        raise BadInput(problem)
     directory = options.out or default_directory(exp.name)
-    problem = output_problem(directory, "--out" if options.out else "the report directory")
+    problem = output_problem(directory, "--out" if options.out else "the report directory", make=True)
     if problem:
         raise BadInput(problem)
     try:
@@ -111,9 +149,17 @@ def run(exp: Experiment, options: RunOptions, say: Say) -> RunOutcome:
     return RunOutcome(done.report, done.files, directory, done.interrupted)
 
 
-def output_problem(directory: Path, what: str) -> str | None:
-    """Why ``directory`` cannot take a run's files (one line), or None: it is made if missing and a file
-    is written there and removed, before anything starts."""
+def output_problem(directory: Path, what: str, make: bool = False) -> str | None:
+    """Why ``directory`` cannot take a run's files (one line), or None: it must be a directory, or not
+    exist yet under one. ``make``: also make it and write a file there (removed at once), which finds what
+    only a write tells (a read-only disk, a directory of the kernel's such as /proc)."""
+    if directory.exists() and not directory.is_dir():
+        return f"{what} {directory}: not a directory"
+    above = next((p for p in directory.absolute().parents if p.exists()), Path("/"))
+    if not above.is_dir():
+        return f"{what} {directory}: {above} is not a directory"
+    if not make:
+        return None
     try:
         directory.mkdir(parents=True, exist_ok=True)
         probe = directory / f".lbt-write-{os.getpid()}"

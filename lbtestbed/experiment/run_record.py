@@ -31,6 +31,7 @@ from lbtestbed.loadgen.journal import JOURNAL, Journal, read_events
 from lbtestbed.loadgen.openloop import LoadReport, read_trace
 from lbtestbed.model.document import document
 from lbtestbed.model.experiment import Experiment
+from lbtestbed.model.files import MAX_CLUSTER_BYTES, read_limited, too_deep
 from lbtestbed.model.reader import SpecError
 
 EXPERIMENT = "experiment.json"
@@ -183,10 +184,17 @@ def read_run(directory: Path) -> tuple[Experiment, Measurement, dict[str, Any]]:
 
 
 def _read_json(path: Path) -> Any:
+    """A JSON file of a run's directory (at most a cluster file's size and depth)."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise RunDirectoryError(f"{path}: {e}") from None
+        body = json.loads(read_limited(path, MAX_CLUSTER_BYTES))
+    except OSError as e:
+        raise RunDirectoryError(f"{path}: {e.strerror or e}") from None
+    except (ValueError, RecursionError) as e:
+        raise RunDirectoryError(f"{path}: not JSON a run writes: {e or type(e).__name__}") from None
+    problem = too_deep(body)
+    if problem:
+        raise RunDirectoryError(f"{path}: {problem}")
+    return body
 
 
 def _from_body(m: Measurement, body: dict[str, Any]) -> None:

@@ -27,7 +27,7 @@ from lbtestbed.experiment.errors import BadInput, Failed
 from lbtestbed.experiment.executor import LOCAL, Executor, open_executor, run_each
 from lbtestbed.experiment.preflight import prepare
 from lbtestbed.experiment.progress import optional_progress
-from lbtestbed.experiment.run import default_directory, run_errors, run_size_problem
+from lbtestbed.experiment.run import default_directory, output_problem, run_errors, run_size_problem
 from lbtestbed.model.experiment import Experiment
 from lbtestbed.model.reader import SpecError
 from lbtestbed.policies import CATALOG
@@ -163,12 +163,17 @@ def run_sweep(exp: Experiment, overrides: Sequence[str], options: SweepOptions, 
     before the first point runs; Failed when a cluster run fails or the executor loses its workers."""
     points = experiments(exp, overrides)
     directory = options.out or default_directory(f"sweep-{exp.name}")
+    what = "--out" if options.out else "the sweep directory"
+    problem = output_problem(directory, what)
+    if problem:
+        raise BadInput(problem)
     if options.simulate_only:
-        with (
-            open_executor(options.executor, min(options.jobs, len(points))) as executor,
-            optional_progress(options.quiet, f"{exp.name}: sweep", len(points), "points") as bar,
-        ):
-            done = simulate_points(points, executor, say, None if bar is None else bar.update)
+        with open_executor(options.executor, min(options.jobs, len(points))) as executor:
+            problem = output_problem(directory, what, make=True)
+            if problem:
+                raise BadInput(problem)
+            with optional_progress(options.quiet, f"{exp.name}: sweep", len(points), "points") as bar:
+                done = simulate_points(points, executor, say, None if bar is None else bar.update)
         return SweepOutcome(done, write(directory, exp.source, done), directory)
     if options.executor != LOCAL:
         raise BadInput(
@@ -176,6 +181,9 @@ def run_sweep(exp: Experiment, overrides: Sequence[str], options: SweepOptions, 
             f"machine; the executor runs --simulate-only sweeps"
         )
     points = _checked(points, options, say)
+    problem = output_problem(directory, what, make=True)
+    if problem:
+        raise BadInput(problem)
     with optional_progress(options.quiet, f"{exp.name}: sweep", len(points), "points") as bar:
         try:
             done = run_points(
