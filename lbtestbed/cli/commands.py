@@ -314,7 +314,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     done = report_again(Path(args.directory), stages(args.quiet), simulate=not args.no_simulation)
     code = _print_run(done, args.json)
-    return EXIT_FAILED if done.interrupted else code
+    partial = done.report is None or done.report.context.get("partial")
+    return EXIT_FAILED if done.interrupted or partial else code
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:

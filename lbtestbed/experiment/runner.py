@@ -18,7 +18,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -252,6 +252,7 @@ async def measure(
     record: RunRecord | None = None,
     signals: bool = False,
     local: bool = True,
+    beside: Sequence[Callable[[float], Coroutine[Any, Any, None]]] = (),
 ) -> Measurement:
     """Drive the cluster with ``tasks`` and read its counters at the batch boundaries; apply the spec's
     faults (``cluster_path``: the cluster file, to restart killed processes). ``report``: the generator's
@@ -261,8 +262,9 @@ async def measure(
     measurement then says which (``interrupted``) and holds the boundaries reached. Every process is
     watched meanwhile (``experiment.watch``: ``local``, this run started them, and with ``health.restart``
     supervises them). Beside the cluster a probe measures what the machine itself costs over the window
-    (``experiment.machine``). Every task started here is awaited before this returns, also when something
-    fails."""
+    (``experiment.machine``). ``beside``: more to run meanwhile, each given the monotonic instant of model
+    time 0 (a nemesis's own faults) and cancelled once the load is over. Every task started here is
+    awaited before this returns, also when something fails."""
     scale = exp.run.time_scale
     marks = boundaries(exp)
     window = _Window()
@@ -286,6 +288,7 @@ async def measure(
                 report = await _load_and_boundaries(
                     exp, f, tasks, session, probe, (injector, watch), origin, window, r_series, stop, say,
                     max_outstanding=max_outstanding, prometheus=prometheus, report=report, record=record,
+                    beside=beside,
                 )  # fmt: skip
         finally:
             injector.restore()
@@ -335,6 +338,7 @@ async def _load_and_boundaries(
     prometheus: str | None,
     report: LoadReport | None,
     record: RunRecord | None,
+    beside: Sequence[Callable[[float], Coroutine[Any, Any, None]]] = (),
 ) -> LoadReport:
     """The load, the tasks beside it and the scrapes at the boundaries, until the load has drained (or
     the run was stopped); the generator's report."""
@@ -355,6 +359,7 @@ async def _load_and_boundaries(
                 )
             )
             background = _background(group, exp, f, session, probe, actors, origin, r_series, record)
+            background += [group.create_task(run(origin), name="beside") for run in beside]
             marks = boundaries(exp)
             instants = prometheus is not None
             await _boundaries(exp, f, session, load, origin, marks, window, instants, stop, record, say)

@@ -44,8 +44,12 @@ from lbtestbed.transport.cluster_file import ClusterFile, Endpoint
 from lbtestbed.transport.wire import PREFIX
 
 #: wall seconds after a process fault's end within which its process may still be out without being
-#: restarted by the watch (the injector starts it again at the fault's end; it needs a moment to answer)
-GRACE = 2.0
+#: started again by the watch (the injector starts it again at the end of the fault: a check just before
+#: may find it dead)
+GRACE = 0.5
+#: wall seconds a process started again has to answer before the watch takes it for hung (Python and the
+#: host's imports take one or two on a busy machine; the launcher gives a new cluster 30)
+START = 30.0
 
 
 @dataclass
@@ -123,7 +127,7 @@ class Watch:
     async def _watch(self, session: aiohttp.ClientSession, e: Endpoint) -> None:
         last_seen = self.now()  # the last check that found it serving
         first_miss: float | None = None  # the first of the checks in a row left unanswered
-        stalled_since: float | None = None  # monotonic: since when it has answered nothing
+        silent = _Silence()
         while True:
             at = self.now()
             cause = await self._check(session, e)
@@ -136,13 +140,12 @@ class Watch:
             first_miss = None
             if cause is None:
                 self._serving(e)
-                last_seen, stalled_since = at, None
+                last_seen = at
+                silent.answered(e.pid)
             else:
-                silent = cause in ("stopped", "not answering")
-                stalled_since = (stalled_since or time.monotonic()) if silent else None
                 self._out(e, cause, last_seen, at)
                 if self.supervise:
-                    self._supervise(e, cause, stalled_since)
+                    self._supervise(e, cause, silent.hung(e.pid, cause, self.exp.health.restart_after))
             await asyncio.sleep(self.exp.health.heartbeat)
 
     async def _check(self, session: aiohttp.ClientSession, e: Endpoint) -> str | None:
@@ -194,13 +197,12 @@ class Watch:
         """GRACE in model seconds."""
         return GRACE / self.exp.run.time_scale
 
-    def _supervise(self, e: Endpoint, cause: str, silent_since: float | None) -> None:
-        """Start ``e`` again if it died, or kill and start it if it has answered nothing too long; never
-        inside one of the spec's faults on it (its injector acts there)."""
+    def _supervise(self, e: Endpoint, cause: str, hung: bool) -> None:
+        """Start ``e`` again if it died, or kill and start it if it has answered nothing too long
+        (``hung``); never inside one of the spec's faults on it (its injector acts there)."""
         now = self.now()
         if any(a <= now <= u + self._grace() for _, a, u in planned_on(self.exp, self.f, e)):
             return
-        hung = silent_since is not None and time.monotonic() - silent_since >= self.exp.health.restart_after
         if cause != "dead" and not hung:
             return
         outage = self.open[key_of(e)]
@@ -223,6 +225,30 @@ class Watch:
     def close(self) -> list[dict[str, Any]]:
         """Every outage seen, as JSON objects (those still open have no end)."""
         return [o.to_json() for o in self.outages]
+
+
+class _Silence:
+    """How long one endpoint's process has answered nothing: a process that answered before is hung after
+    ``health.restart_after`` of silence; one that has not answered yet since it started (a restart, by the
+    injector or the watch) is given ``START`` to come up, as the launcher gives a new cluster."""
+
+    def __init__(self) -> None:
+        self.answered_pid = 0  # the process that answered last
+        self.since: tuple[int, float] | None = None  # (pid, monotonic instant) its silence began
+
+    def answered(self, pid: int) -> None:
+        self.answered_pid, self.since = pid, None
+
+    def hung(self, pid: int, cause: str, restart_after: float) -> bool:
+        """Whether process ``pid``, out for ``cause``, has been silent too long (a dead one never is:
+        it is started again at once)."""
+        if cause == "dead":
+            self.since = None
+            return False
+        if self.since is None or self.since[0] != pid:
+            self.since = (pid, time.monotonic())
+        limit = restart_after if pid == self.answered_pid else max(restart_after, START)
+        return time.monotonic() - self.since[1] >= limit
 
 
 def exclusions(exp: Experiment, outages: Sequence[dict[str, Any]]) -> list[tuple[float, float]]:

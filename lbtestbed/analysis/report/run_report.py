@@ -785,6 +785,7 @@ def write(
                 faults["actions"],
                 faults["health_events"],
                 run=run,
+                outages=faults.get("outages") or [],
             )
         )
     learned = policy_of(e).learned
