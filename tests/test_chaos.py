@@ -16,7 +16,15 @@ import pytest
 from test_cluster import fcfs_spec, write_spec
 
 from lbtestbed.experiment.chaos import KINDS, chaos_faults, faults_toml, problems, run_chaos
-from lbtestbed.experiment.nemesis import LEAD, PLANNED, NemesisOutcome, run_nemesis, segment_problems
+from lbtestbed.experiment.nemesis import (
+    BASE,
+    LEAD,
+    PLANNED,
+    SEGMENT,
+    NemesisOutcome,
+    run_nemesis,
+    segment_problems,
+)
 from lbtestbed.loadgen.journal import accounting
 from lbtestbed.spec import load_spec, parse_spec
 
@@ -47,32 +55,6 @@ def test_a_seeded_storm_leaves_every_task_accounted_for_and_the_picture_true(tmp
 
 # ---------------------------------------------------------------------------------------------- the nemesis
 
-#: six FCFS nodes in three node processes, two dispatchers, supervised (a process that dies is started again,
-#: one silent for a second is killed and started again), checks every 0.2 s wall: the nemesis's base spec
-NEMESIS = """
-name = "nemesis"
-seed = 21
-[[classes]]
-name = "servers"
-count = 6
-discipline = "fcfs"
-[workload]
-load = 0.5
-service = { dist = "exponential", mean = 1.0 }
-[policy]
-name = "{policy}"
-dispatchers = 2
-[health]
-outlier_interval = 0.5
-ejection_time = 0.5
-restart = true
-restart_after = 1.0
-[run]
-time_scale = 0.02
-"""
-#: model seconds a schedule's segment lasts: 5 wall s, of which 2 of load (its faults in the first 1) and
-#: 3 quiet, in which every process started again has time to come up and the dispatchers to heal
-SEGMENT = 250.0
 #: ten schedules on each of two policies: JSQ (departure reports) and JIQ (idle tokens, held by one
 #: dispatcher each)
 NEMESIS_SEEDS = {"jsq": list(range(101, 111)), "jiq": list(range(111, 121))}
@@ -81,7 +63,7 @@ NEMESIS_SEEDS = {"jsq": list(range(101, 111)), "jiq": list(range(111, 121))}
 @pytest.fixture(scope="module", params=list(NEMESIS_SEEDS))
 def nemesis(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> NemesisOutcome:
     policy = request.param
-    base = NEMESIS.replace("{policy}", policy)
+    base = BASE.replace("{policy}", policy)
     directory = tmp_path_factory.mktemp(f"nemesis-{policy}")
     return run_nemesis(base, NEMESIS_SEEDS[policy], 3, SEGMENT, directory, lambda _: None)
 

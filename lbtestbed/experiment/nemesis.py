@@ -69,6 +69,33 @@ PLANNED = ("kill", "restart", "pause", "restart_dispatcher", "slow", "fail", "dr
 IN_FLIGHT = 30.0
 #: wall seconds from a segment's start to its first fault: the boundary's scrape comes first
 LEAD = 0.2
+#: the base spec of tests/test_chaos.py and benchmarks/bench_nemesis.py (``{policy}``: its policy): six
+#: FCFS nodes in three node processes, two dispatchers, supervised (a process that dies is started again,
+#: one silent for a second is killed and started again), checks every 0.2 s wall
+BASE = """
+name = "nemesis"
+seed = 21
+[[classes]]
+name = "servers"
+count = 6
+discipline = "fcfs"
+[workload]
+load = 0.5
+service = { dist = "exponential", mean = 1.0 }
+[policy]
+name = "{policy}"
+dispatchers = 2
+[health]
+outlier_interval = 0.5
+ejection_time = 0.5
+restart = true
+restart_after = 1.0
+[run]
+time_scale = 0.02
+"""
+#: model seconds a segment lasts with BASE: 5 wall s, of which 2 of load (its faults in the first 1) and 3
+#: quiet, in which every process started again has time to come up and the dispatchers to heal
+SEGMENT = 250.0
 
 
 @dataclass(frozen=True)
