@@ -138,7 +138,7 @@ def run(
     theory; the report directory (``out``, default ``reports/<name>-<time>``) holds report.md,
     results.json, tasks.csv and the plots. ``report.passed`` is the command's exit code 0; ``table``
     gives its table. ``BadInput`` before anything starts when the machine cannot carry the spec (``force``
-    runs it anyway), ``Failed`` when a process fails."""
+    runs it anyway), ``Failed`` when a process fails or fewer than two batches could be compared."""
     from lbtestbed.experiment.run import RunOptions
     from lbtestbed.experiment.run import run as ran
 
@@ -149,7 +149,12 @@ def run(
         simulate=simulate,
         force=force,
     )
-    return ran(exp, options, _say(progress)).report
+    done = ran(exp, options, _say(progress))
+    if done.report is None:  # stopped before two batches could be compared: report.md says what was kept
+        from lbtestbed.experiment.errors import Failed
+
+        raise Failed(f"{exp.name}: fewer than two batches to compare; see {done.directory / 'report.md'}")
+    return done.report
 
 
 def sweep(

@@ -553,3 +553,57 @@ def message_batches(nodes: int, kinds: Sequence[str]) -> st.SearchStrategy[Any]:
 def json_bytes(value: Any) -> bytes:
     """``value`` as Python writes JSON, NaN and Infinity included (the servers read them, and must refuse)."""
     return json.dumps(value, allow_nan=True).encode()
+
+
+# ------------------------------------------------------------------------------ hostile specs (issue 27)
+
+
+def nested(depth: int, leaf: Any = 1) -> Any:
+    """A value nested ``depth`` deep, arrays and inline tables in turn."""
+    value = leaf
+    for d in range(depth):
+        value = [value] if d % 2 else {"k": value}
+    return value
+
+
+#: values a hostile or unlucky user puts where a spec wants a number, a name or a table
+HOSTILE = st.one_of(
+    st.sampled_from([1e308, -1e308, 1e-308, 5e-324, 2**63, 2**64, 2**64 - 1, 10**20, -(2**70), 0, 0.0, -0.0]),
+    st.sampled_from([float("inf"), float("-inf"), float("nan")]),
+    st.integers(1, 60).map(nested),
+    st.text(min_size=90, max_size=4000),
+    st.text(alphabet=st.characters(codec="utf-8"), max_size=8),
+    st.sampled_from(["x" * 101, "a\nb", "tab\there", "\x7f", "\x00", "\u202e", "🙂" * 50]),
+    st.lists(st.integers(0, 3), min_size=1000, max_size=3000),
+)
+
+
+@st.composite
+def hostile_documents(draw: st.DrawFn, docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """A valid document with one to three of its values (or new keys beside them) replaced by HOSTILE
+    ones."""
+    doc = draw(st.sampled_from(docs))
+    for _ in range(draw(st.integers(1, 3))):
+        paths = [p for p, v in walk(doc) if not isinstance(v, dict | list)]
+        path = draw(st.sampled_from(paths))
+        beside = isinstance(get_at(doc, path[:-1]), dict) and draw(st.booleans())
+        if beside:  # a key beside it, named by the fuzzer
+            path = (*path[:-1], draw(st.text(min_size=1, max_size=40)))
+        doc = set_at(doc, path, draw(HOSTILE))
+    return doc
+
+
+@st.composite
+def damaged_bytes(draw: st.DrawFn, docs: Sequence[dict[str, Any]]) -> bytes:
+    """A document's bytes damaged several times over (broken_text's damages, one after another), or bytes
+    that never were a spec."""
+    if draw(st.integers(0, 4)) == 0:
+        return draw(st.binary(max_size=2048))
+    data = draw(broken_text(docs))
+    for _ in range(draw(st.integers(0, 4))):
+        at = draw(st.integers(0, len(data)))
+        # arrays and inline tables thousands deep: a parser that recurses gives up (RecursionError)
+        deep = [b"\na = " + b"[" * 3000, b"\nb = " + b"{c=" * 2000, b"[" * 64, b"\x00" * 8]
+        junk = draw(st.binary(min_size=1, max_size=16) | st.sampled_from(deep))
+        data = data[:at] + junk + data[at + draw(st.integers(0, 8)) :]
+    return data

@@ -15,6 +15,10 @@
 4. Spec files: one fault put into a valid document (wrong type, out of range, missing, unknown key, broken
    TOML) makes ``load_spec`` raise ``SpecError`` naming the file and that key, and ``lbt simulate`` and
    ``lbt predict`` exit with 2 and that one line.
+5. Hostile specs (issue 27): extreme and non-finite numbers, deep nesting, long and control-character
+   names, long arrays anywhere, several byte-level damages in a row and random bytes, and hostile
+   ``--set`` items: one line, or an experiment within the bounds of docs/spec.md ("Limits"); never
+   another exception.
 
 What the fuzzing found in lbtestbed/ (``BUG_*``: deep JSON, huge integers, unknown charsets, bodies that do
 not inflate, long node ids, a client leaving mid-body, absurd node counts, newlines in keys) was fixed; each
@@ -48,10 +52,13 @@ import requests
 import schemathesis
 from aiohttp import web
 from fuzz_strategies import (
+    HOSTILE,
     Mutation,
     base_documents,
     broken_text,
+    damaged_bytes,
     get_at,
+    hostile_documents,
     json_bytes,
     message_batches,
     mutations,
@@ -1350,3 +1357,94 @@ def test_spec_error_for_a_key_with_a_newline_is_one_line(spec_file: Path) -> Non
     with pytest.raises(SpecError) as raised:
         load_spec(spec_file)
     assert_one_line(str(raised.value))
+
+
+# ===================================================================================== 5. hostile specs
+
+MAX_SEED, MAX_NAME, MAX_BATCHES, MAX_MODEL_SECONDS = 2**64 - 1, 100, 10_000, 1e12
+
+
+def assert_within_bounds(exp: Experiment) -> None:
+    """What a spec that loads may ask, whatever it held (docs/spec.md, "Limits")."""
+    assert 0 <= exp.seed <= MAX_SEED
+    assert len(exp.name) <= MAX_NAME and all(len(c.name) <= MAX_NAME for c in exp.classes)
+    assert not any(ch < " " for ch in exp.name + "".join(c.name for c in exp.classes))
+    assert 2 <= exp.run.batches <= MAX_BATCHES
+    assert exp.run.warmup + exp.run.duration <= MAX_MODEL_SECONDS
+    rate = exp.workload.arrival_rate
+    assert math.isfinite(rate) and math.isfinite(exp.work_rate) and rate * exp.run.duration >= 1
+
+
+def loads_or_one_line(spec_file: Path) -> None:
+    """``load_spec`` gives an experiment within the bounds, or SpecError in one line naming the file;
+    never another exception (no RecursionError, no MemoryError, no OverflowError)."""
+    try:
+        exp = load_spec(spec_file)
+    except SpecError as err:
+        assert str(err).startswith(f"{spec_file}: "), str(err)
+        assert_one_line(str(err))
+        return
+    assert_within_bounds(exp)
+
+
+@fuzz_settings(150)
+@given(doc=hostile_documents(SPEC_DOCS))
+def test_hostile_values_are_refused_in_one_line_or_stay_within_the_bounds(
+    spec_file: Path, doc: dict[str, Any]
+) -> None:
+    """Huge, tiny and non-finite numbers, 64-bit edges, values nested up to 60 deep, long and control-
+    character names, long arrays, anywhere in a valid spec (and under keys of the fuzzer's naming)."""
+    spec_file.write_text(toml_dumps(doc))
+    loads_or_one_line(spec_file)
+
+
+@fuzz_settings(300)
+@given(data=damaged_bytes(SPEC_DOCS))
+def test_damaged_or_random_bytes_never_raise_anything_but_one_line(spec_file: Path, data: bytes) -> None:
+    """Several damages in a row, or bytes that never were a spec (random, NULs, 64 open brackets)."""
+    spec_file.write_bytes(data)
+    loads_or_one_line(spec_file)
+
+
+@fuzz_settings(60)
+@given(data=damaged_bytes(SPEC_DOCS) | hostile_documents(SPEC_DOCS).map(lambda d: toml_dumps(d).encode()))
+def test_lbt_answers_a_hostile_spec_with_exit_2_and_one_line_or_runs_it(spec_file: Path, data: bytes) -> None:
+    """Through the command line: exit 2 and one line (`lbt: error: ...`), or 0; never 1 and an internal
+    error."""
+    spec_file.write_bytes(data)
+    code, _, err = run_lbt("predict", str(spec_file))
+    assert code in (0, 2), err
+    if code == 2:
+        assert err.startswith("lbt: error: ") and err.count("\n") == 1, err
+
+
+@fuzz_settings(80)
+@given(
+    item=st.text(max_size=200)
+    | st.builds(
+        lambda k, v: f"{k}={toml_value(v)}",
+        st.sampled_from(
+            [
+                "seed",
+                "name",
+                "run.batches",
+                "run.duration",
+                "workload.load",
+                "classes[0].name",
+                "policy.name",
+                "x.y.z",
+            ]
+        ),
+        HOSTILE,
+    )
+)
+def test_hostile_overrides_are_refused_in_one_line_or_stay_within_the_bounds(
+    spec_file: Path, item: str
+) -> None:
+    spec_file.write_text(toml_dumps(SPEC_DOCS[0]))
+    try:
+        exp = load_spec(spec_file, [item])
+    except SpecError as err:
+        assert_one_line(str(err))
+        return
+    assert_within_bounds(exp)

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from lbtestbed.cli.output import EXIT_BAD_INPUT, EXIT_FAILED, error
 from lbtestbed.cli.parser import build_parser
-from lbtestbed.experiment.errors import BadInput, Failed
+from lbtestbed.experiment.errors import FULL_DISK, BadInput, Failed
 from lbtestbed.model.reader import SpecError
 
 __all__ = ["build_parser", "main"]
@@ -62,6 +62,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"lbt: interrupted ({signal.Signals(sig).name})", file=sys.stderr)
         return 128 + sig
     except Exception as e:  # a bug, not bad input: say so in one line; LBT_DEBUG=1 shows the traceback
+        if isinstance(e, OSError) and e.errno in FULL_DISK:  # a write that found no room: said as such
+            where = f"{e.filename}: " if e.filename else ""
+            return error(f"{where}the disk is full ({e.strerror}): nothing more was written", EXIT_FAILED)
         if os.environ.get("LBT_DEBUG"):
             raise
         print(

@@ -25,7 +25,8 @@ from lbtestbed.cli.output import (
     say,
     stages,
 )
-from lbtestbed.experiment.run import RunOptions, run
+from lbtestbed.experiment.errors import FULL_DISK, BadInput, disk_full
+from lbtestbed.experiment.run import RunOptions, RunOutcome, run
 from lbtestbed.loadgen import summary as summary_of
 from lbtestbed.loadgen.locust_run import passthrough_problem
 from lbtestbed.model.experiment import Experiment
@@ -54,17 +55,22 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from lbtestbed.experiment.simulate import simulate
 
     try:
-        result = simulate(
-            exp,
-            replications=args.replications,
-            jobs=args.jobs,
-            executor=args.executor,
-            records=records,
-            quiet=args.quiet,
-        )
-    finally:
-        if records is not None:
-            records.close()
+        try:
+            result = simulate(
+                exp,
+                replications=args.replications,
+                jobs=args.jobs,
+                executor=args.executor,
+                records=records,
+                quiet=args.quiet,
+            )
+        finally:
+            if records is not None:
+                records.close()
+    except OSError as e:  # writing the records: a full disk (exit 1), or a file that takes no writes
+        if e.errno in FULL_DISK:
+            raise disk_full(e, f"--records {args.records}") from None
+        raise BadInput(f"--records {args.records}: {e.strerror or e}") from None
     if args.json:
         print_json(stamped(result.to_json()))
     else:
@@ -295,16 +301,36 @@ def cmd_run(args: argparse.Namespace) -> int:
         simulate=not args.no_simulation,
         force=args.force,
     )
-    done = run(exp, options, stages(args.quiet))
-    if args.json:
-        print_json(done.report.to_json())
-    else:
-        from lbtestbed.analysis.report.run_report import terminal  # loaded by the run already
+    return _print_run(run(exp, options, stages(args.quiet)), args)
 
-        print(terminal(done.report, _fit(args)))
+
+def _print_run(done: RunOutcome, args: argparse.Namespace) -> int:
+    """What ``lbt run`` and ``lbt report`` print of a run's report; the exit code: 0 when it passed, 1
+    when not (or nothing could be compared), 128 + N when signal N stopped the run."""
+    if args.json:
+        print(Path(done.directory / "results.json").read_text(), end="")
+    elif done.report is None:
+        print((done.directory / "report.md").read_text().split("\n\n")[1].strip("*"))
+        print(f"report: {done.directory / 'report.md'} (results.json beside it)")
+    else:
+        from lbtestbed.analysis.report.run_report import partial_note, terminal  # loaded by the run already
+
+        partial = partial_note(done.report.context)
+        print(terminal(done.report, _fit(args)) + (f"\n{partial}" if partial else ""))
         beside = f"results.json and {len(done.files) - 2} plots beside it"
         print(f"report: {done.directory / 'report.md'} ({beside})")
-    return EXIT_OK if done.report.passed else EXIT_FAILED
+    if done.interrupted:
+        return 128 + done.interrupted
+    return EXIT_OK if done.report is not None and done.report.passed else EXIT_FAILED
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from lbtestbed.experiment.report_again import report_again
+
+    done = report_again(Path(args.directory), stages(args.quiet), simulate=not args.no_simulation)
+    code = _print_run(done, args)
+    partial = done.report is None or done.report.context.get("partial")
+    return EXIT_FAILED if done.interrupted or partial else code
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:

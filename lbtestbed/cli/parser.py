@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_simulate, _predict, _cluster, _load, _run, _sweep, _spec):
+    for add in (_simulate, _predict, _cluster, _load, _run, _report, _sweep, _spec):
         add(sub)
     return parser
 
@@ -394,6 +394,25 @@ def _run(sub: Commands) -> None:
     _add_wide(run)
     run.add_argument("--quiet", action="store_true", help="no progress on stderr")
     run.set_defaults(func=commands.cmd_run)
+
+
+def _report(sub: Commands) -> None:
+    """``lbt report``."""
+    rep = sub.add_parser(
+        "report",
+        help="write the report of a run's directory again, finished or not",
+        description="Read what lbt run kept in its directory (the experiment, the trace, the journal of "
+        "every task's fate, the counters at every boundary reached) and write its report again: "
+        "report.md, results.json and the plots. A run stopped early or cut short (killed) is compared on "
+        "the batches it measured and marked partial. Exit code 0 when every comparison that counts agrees, "
+        "1 otherwise (also for a partial run), 2 when the directory holds no run.",
+    )
+    rep.add_argument("directory", help="a run's directory (lbt run --out)")
+    rep.add_argument("--no-simulation", action="store_true", help="compare with the theory only")
+    rep.add_argument("--json", action="store_true", help="print results.json's object instead of the table")
+    rep.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    _add_wide(rep)
+    rep.set_defaults(func=commands.cmd_report)
 
 
 def _sweep(sub: Commands) -> None:

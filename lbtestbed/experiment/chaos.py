@@ -157,12 +157,17 @@ def pictures_of(urls: Sequence[str]) -> list[dict[str, float]]:
 
 
 def healed(exp: Experiment, pictures: Sequence[dict[str, float]]) -> bool:
-    """Whether every dispatcher has every node up and idle in its picture."""
+    """Whether every dispatcher has every node up and idle in its picture. A picture split among the
+    dispatchers (JIQ's idle tokens) holds every idle node at least once: a node that became idle with its
+    token at one dispatcher, then took a task from another (which routes at random when it holds no
+    token) and became idle again with its token elsewhere leaves a stale token behind, which stays until it
+    is used, as in the paper's JIQ with several dispatchers (with no fault at all); a token lost is what
+    must not last."""
     declared = policy_of(exp)
     gauge = declared.picture
-    if gauge is not None and declared.picture_split:  # every idle node is in one dispatcher's picture
+    if gauge is not None and declared.picture_split:  # every idle node is in some dispatcher's picture
         held = sum(p.get(gauge, 0.0) for p in pictures)
-        return held == exp.n and all(p["nodes_up"] == exp.n for p in pictures)
+        return held >= exp.n and all(p["nodes_up"] == exp.n for p in pictures)
     return all(p["nodes_up"] == exp.n and (gauge is None or p.get(gauge) == exp.n) for p in pictures)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +26,7 @@ from lbtestbed.experiment.errors import BadInput, Failed
 from lbtestbed.experiment.preflight import prepare
 from lbtestbed.model.document import document
 from lbtestbed.model.experiment import Experiment
+from lbtestbed.model.files import MAX_CLUSTER_BYTES, read_limited
 from lbtestbed.transport.cluster_file import ClusterError, ClusterFile
 
 Say = Callable[[str], None]
@@ -76,6 +78,7 @@ def cluster_up(exp: Experiment, path: Path, options: UpOptions, say: Say) -> Sta
     """Check what ``exp`` asks of this machine (its time scale resolved), then start its cluster and write
     the cluster file ``path``; with Prometheus, both or neither. BadInput before anything starts when the
     pre-flight estimate refuses or a Prometheus option cannot work; Failed when a process does not start."""
+    _refuse_odd_file(path)
     cluster = Cluster(path)
     exp, _, refusal = prepare(exp, options.node_processes, options.force, say)
     if refusal:
@@ -97,6 +100,20 @@ def cluster_up(exp: Experiment, path: Path, options: UpOptions, say: Say) -> Sta
         return StartedCluster(cluster, f, cluster.status())
 
 
+def cluster_file_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be a cluster file that ``lbt cluster up`` writes (one line), or None: it is
+    replaced by a rename, with a lock file beside it, so it must be a regular file or not exist yet, in a
+    directory that can take both (a device such as /dev/full would be replaced, or read for ever)."""
+    if path.exists() and not path.is_file():
+        return f"--file {path}: not a regular file (a cluster file is written there and replaced)"
+    parent = path.parent
+    if parent.exists() and not os.access(parent, os.W_OK | os.X_OK):
+        return f"--file {path}: cannot write in {parent}"
+    if str(parent.resolve()).startswith(("/dev", "/proc", "/sys")):
+        return f"--file {path}: {parent} holds devices and the kernel's files, not a cluster file"
+    return None
+
+
 def _check_prometheus(options: UpOptions) -> None:
     """Why ``--with-prometheus`` cannot work, checked before any process starts: BadInput for an option,
     Failed when there is no prometheus binary."""
@@ -111,14 +128,23 @@ def _check_prometheus(options: UpOptions) -> None:
         raise Failed(str(e)) from e
 
 
+def _refuse_odd_file(path: Path) -> None:
+    """BadInput when ``path`` is not a cluster file this command may read, lock and remove."""
+    problem = cluster_file_problem(path)
+    if problem:
+        raise BadInput(problem)
+
+
 def cluster_status(path: Path) -> list[dict[str, Any]]:
     """Every process of the cluster of the file ``path``: role, index, URL, pid, alive and healthy."""
+    _refuse_odd_file(path)
     with _failures():
         return Cluster(path).status()
 
 
 def cluster_down(path: Path) -> int:
     """Stop the cluster of the file ``path`` (its Prometheus too): how many processes were stopped."""
+    _refuse_odd_file(path)
     with _failures():
         return Cluster(path).down()
 
@@ -133,9 +159,10 @@ def write_experiment(exp: Experiment, path: Path, spec_path: str | None = None) 
         raise BadInput(
             f'{exp.source}: run.time_scale = "auto" is picked when lbt starts a cluster: give a number'
         )
+    _refuse_odd_file(path)
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
+        data = json.loads(read_limited(path, MAX_CLUSTER_BYTES))
+    except (OSError, ValueError, RecursionError) as e:
         raise BadInput(f"{path}: not a cluster file: {e}") from None
     if not isinstance(data, dict) or not isinstance(data.get("dispatchers"), list):
         raise BadInput(f"{path}: not a cluster file: no list of dispatchers")

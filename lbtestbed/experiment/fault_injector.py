@@ -105,8 +105,11 @@ class Injector:
         path: Path,
         origin: float,
         say: Callable[[str], None],
+        note: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
+        """``note``: where each action is also written as it is taken (the run's journal)."""
         self.exp, self.f, self.path, self.origin, self.say = exp, f, path, origin, say
+        self.note = note
         self.scale = exp.run.time_scale
         self.log: list[FaultAction] = []
         self.signer = Signer(f.token)
@@ -164,6 +167,8 @@ class Injector:
         nodes = list(e.nodes) if e is not None else [fault.node] if fault.kind in GRAY_FAULTS else []
         entry = FaultAction(i, fault.kind, action, target, at, error, nodes)
         self.log.append(entry)
+        if self.note is not None:
+            self.note({"e": "fault", **asdict(entry)})
         note = f" ({error})" if error else ""
         self.say(f"fault {i}: {action} {target} at model time {entry.model_time:.4g}{note}")
 
@@ -186,22 +191,38 @@ class Injector:
         return "; ".join(problems)
 
     async def post(self, session: aiohttp.ClientSession, url: str, body: bytes, path: str = "/faults") -> str:
-        """A signed POST of ``body`` to ``url``'s ``path``; what went wrong, or "" if it was done."""
+        """A signed POST of ``body`` to ``url``'s ``path``; what went wrong, or "" if it was done.
+
+        A switch and an origin are idempotent, so a POST whose connection breaks before an answer is sent
+        once more, signed afresh, on a new connection: ``session`` shares its kept-alive connections with
+        the scrapes, and one to a process that was killed and started again on its port (a fault, or a
+        restart by the watch) is closed by then, which the first write finds ("Can not write request
+        body": seen with the machine busy). An answer that does not come in 5 s is not asked again."""
+        error = ""
+        for _ in range(2):
+            try:
+                return await self._post_once(session, url, body, path)
+            except (TimeoutError, aiohttp.ServerTimeoutError) as e:
+                return f"{url}: {str(e) or type(e).__name__}"
+            except aiohttp.ClientConnectionError as e:
+                error = f"{url}: {str(e) or type(e).__name__}"
+            except aiohttp.ClientError as e:
+                return f"{url}: {str(e) or type(e).__name__}"
+        return error
+
+    async def _post_once(self, session: aiohttp.ClientSession, url: str, body: bytes, path: str) -> str:
         target = f"{url}{wire.PREFIX}{path}"
         headers, tag = self.signer.headers("POST", target, body)
-        try:
-            async with session.post(
-                target,
-                data=body,
-                headers={**headers, "Content-Type": "application/json"},
-                timeout=aiohttp.ClientTimeout(total=5),
-            ) as resp:
-                raw = await resp.read()
-                if not self.signer.answer_ok(tag, resp.status, raw, resp.headers.get(SIGNATURE)):
-                    return f"{url}: an answer without the cluster's signature ({resp.status})"
-                return "" if resp.status == 200 else f"{url}: {resp.status} {raw.decode(errors='replace')}"
-        except (aiohttp.ClientError, TimeoutError) as e:
-            return f"{url}: {str(e) or type(e).__name__}"
+        async with session.post(
+            target,
+            data=body,
+            headers={**headers, "Content-Type": "application/json", "Connection": "close"},
+            timeout=aiohttp.ClientTimeout(total=5),
+        ) as resp:
+            raw = await resp.read()
+            if not self.signer.answer_ok(tag, resp.status, raw, resp.headers.get(SIGNATURE)):
+                return f"{url}: an answer without the cluster's signature ({resp.status})"
+            return "" if resp.status == 200 else f"{url}: {resp.status} {raw.decode(errors='replace')}"
 
     def restore(self) -> None:
         """After the run: continue any process still paused (a run cut short), so that it can be stopped."""

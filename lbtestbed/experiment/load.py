@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from lbtestbed.cluster.prometheus import config_dir, serve_generator
-from lbtestbed.experiment.errors import BadInput, Failed
+from lbtestbed.experiment.errors import FULL_DISK, BadInput, Failed, disk_full
 from lbtestbed.experiment.preflight import at_cluster_scale
 from lbtestbed.experiment.progress import optional_progress
 from lbtestbed.loadgen import TASK_DEADLINE
@@ -89,7 +89,12 @@ def load(exp: Experiment, target: Target, options: LoadOptions, say: Say, note: 
             "speed schedules or antagonists to this load (lbt run does)"
         )
     if options.record is not None:
-        write_trace(options.record, tasks)
+        try:
+            write_trace(options.record, tasks)
+        except OSError as e:  # a full disk is a failure; a path that cannot be written, bad input
+            if e.errno in FULL_DISK:
+                raise disk_full(e, f"--record {options.record}") from None
+            raise BadInput(f"--record {options.record}: {e.strerror or e}") from None
     if not options.quiet:
         span, n = plan.span, len(target.dispatchers)
         how = f"locust, {plan.mode} loop" if options.locust else "open loop"

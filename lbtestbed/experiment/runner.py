@@ -12,79 +12,52 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import itertools
+import json
 import math
 import os
+import signal
+import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from lbtestbed.analysis.comparison.compare import Side
 from lbtestbed.analysis.measurement.cpu import cpu_per_task
 from lbtestbed.analysis.measurement.legs import (
-    LegCheck,
-    MachineCost,
     SchedStat,
-    busiest,
-    hold,
     read_schedstat,
     unavailable,
 )
-from lbtestbed.analysis.measurement.measure import NODE_CLOCK, cluster_raw
-from lbtestbed.analysis.measurement.overhead import overhead_of, write_records
-from lbtestbed.analysis.measurement.scrape import Snapshot, from_query, scrape
-from lbtestbed.analysis.report import run_report as report
+from lbtestbed.analysis.measurement.scrape import ScrapeError, Snapshot, from_query, scrape
 from lbtestbed.analysis.report.run_report import RunReport
-from lbtestbed.analysis.results.raw import RawRun
-from lbtestbed.analysis.results.result import Result, summarize
-from lbtestbed.analysis.results.statistics import ratio_estimate
-from lbtestbed.analysis.simulator.twin import Emulation, simulate_twin
 from lbtestbed.cluster.launcher import Cluster
-from lbtestbed.dispatcher.core import DISPATCHER_STREAM
 from lbtestbed.experiment import machine
 from lbtestbed.experiment.fault_injector import FaultCollector, Injector, check
-from lbtestbed.loadgen.openloop import LoadReport, drive, poisson_tasks, write_trace
+from lbtestbed.experiment.run_analysis import analyse, boundaries, drain_arrivals, excluded_batches
+from lbtestbed.experiment.run_record import Measurement, RunRecord
+from lbtestbed.experiment.watch import Watch
+from lbtestbed.loadgen.journal import accounting, read_events
+from lbtestbed.loadgen.openloop import Interrupt, LoadReport, drive, poisson_tasks, write_trace
 from lbtestbed.model.conditions import speed_changes, speed_varies
 from lbtestbed.model.document import document
 from lbtestbed.model.experiment import GRAY_FAULTS, Experiment
 from lbtestbed.model.reader import SpecError
 from lbtestbed.model.workload import DispatcherSplit
 from lbtestbed.policies import policy_of
-from lbtestbed.transport.cluster_file import ClusterError, ClusterFile
+from lbtestbed.transport.cluster_file import ClusterError, ClusterFile, Endpoint, journal_of
 
 Say = Callable[[str], None]
 #: wall seconds between samples of what the policy learns (unit.Learned), for its time series
 R_SAMPLE_WALL = 0.1
 #: wall seconds given to the processes between the health check and the first task
 LEAD_IN = 0.3
-
-
-@dataclass
-class Measurement:
-    """What the cluster side of a run produced."""
-
-    snapshots: list[Snapshot]
-    load: LoadReport
-    direct: list[Snapshot] = field(default_factory=list)  # scraped beside Prometheus, as a check
-    r_series: list[tuple[float, float]] = field(default_factory=list)  # (model time, r) samples
-    source: str = "scrape"  # or the Prometheus URL the counters came from
-    cluster: dict[str, Any] = field(default_factory=dict)  # endpoints, processes
-    faults: list[dict[str, Any]] = field(default_factory=list)  # what the injector did, when
-    health_events: list[dict[str, Any]] = field(default_factory=list)  # the dispatchers' down/up
-    tasks: list[tuple[float, float]] = field(default_factory=list)  # the trace sent
-    # the ages every process measured for the messages it applied, pooled by kind, as (model time it was
-    # sent, age in model seconds) in sending order: sent on their own request, and riding on the reply to one
-    message_ages: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
-    rider_ages: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
-    keyed_ages: dict[str, float] = field(default_factory=dict)  # by wire.message_key
-    generator_cpu: list[float] = field(default_factory=list)  # this process's CPU seconds at each boundary
-    cpu: dict[str, Any] = field(default_factory=dict)  # analysis.measurement.cpu.cpu_per_task
-    machine: MachineCost | None = None  # what the machine cost its probe over the window
-    unavailable: float | None = None  # the least available cluster process's running-or-waiting share
+#: wall seconds an interrupted run waits for the tasks it has out before it cancels them
+DRAIN = 5.0
+#: the signals that stop a run early, its report written (docs/run.md, "Interrupted runs")
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def warmup_warning(exp: Experiment) -> str | None:
@@ -132,42 +105,25 @@ def scrape_interval(exp: Experiment) -> float:
     return round(min(1.0, max(0.1, batch_wall / 5)), 3)
 
 
-def drain_arrivals(exp: Experiment) -> float:
-    """Model seconds of arrivals after the window, so that its last tasks are served as the simulator
-    serves them: the simulator keeps arrivals coming until every measured task has left. That matters only
-    where later arrivals slow earlier tasks, on processor-sharing nodes; pools and FCFS nodes serve a task
-    the same whatever arrives after it."""
-    if "ps" not in {c.discipline for c in exp.classes}:
-        return 0.0
-    return 0.2 * exp.run.duration
-
-
-def boundaries(exp: Experiment) -> list[float]:
-    """Model times of the snapshots: the batch boundaries of the measured window."""
-    B = exp.run.batches
-    return [exp.run.warmup + exp.run.duration * b / B for b in range(B + 1)]
-
-
-def excluded_batches(exp: Experiment) -> list[bool]:
-    """Which batches of the measured window a fault may have disturbed: those overlapping
-    [at, until + settle] of some fault."""
-    marks = boundaries(exp)
-    return [
-        any(f.at < hi and lo < f.until + f.settle for f in exp.faults) for lo, hi in itertools.pairwise(marks)
-    ]
-
-
 async def _sample_r(
-    session: aiohttp.ClientSession, url: str, origin: float, scale: float, quantity: str, out: list
+    session: aiohttp.ClientSession,
+    url: str,
+    origin: float,
+    scale: float,
+    quantity: str,
+    out: list[tuple[float, float]],
+    record: RunRecord | None,
 ) -> None:
     """What the policy learns (its gauge ``quantity``) from the dispatcher, for the plot (its time average
-    comes from the exact integral)."""
+    comes from the exact integral); nothing while the dispatcher does not answer."""
     while True:
-        with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
-            snap = await scrape(session, [url], origin)
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError, ScrapeError):
+            snap = await scrape(session, [url], origin, timeout=1.0)
             r = snap.by("lbtestbed_dispatcher_policy_state", "quantity").get((quantity,))
             if r is not None:
                 out.append((snap.at / scale, r))
+                if record is not None:
+                    record.event({"e": "r", "t": snap.at / scale, "r": r})
         await asyncio.sleep(R_SAMPLE_WALL)
 
 
@@ -184,12 +140,28 @@ async def _get_json(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
 async def _health_events(
     session: aiohttp.ClientSession, f: ClusterFile, origin_unix: float, scale: float
 ) -> list[dict[str, Any]]:
-    """Every dispatcher's node transitions, with the model time of each."""
+    """Every dispatcher's node transitions, with the model time of each: from its ``/v1/health``, or from
+    its journal where it does not answer (it died and was not started again)."""
     out = []
     for d in f.dispatchers:
-        for e in (await _get_json(session, f"{d.url}/v1/health")).get("events", []):
-            out.append({"dispatcher": d.index, "model_time": (e["unix_time"] - origin_unix) / scale, **e})
+        body = await _get_json(session, f"{d.url}/v1/health")
+        listed = body.get("events") if "events" in body else _journal_events(d)
+        for e in listed if isinstance(listed, list) else []:
+            if isinstance(e, dict) and isinstance(e.get("unix_time"), int | float):
+                out.append({"dispatcher": d.index, "model_time": (e["unix_time"] - origin_unix) / scale, **e})
     return sorted(out, key=lambda e: e["model_time"])
+
+
+def _journal_events(d: Endpoint) -> list[Any]:
+    """The transitions dispatcher ``d`` appended to its journal (lines cut short are skipped)."""
+    path = journal_of(d)
+    if path is None or not path.exists():
+        return []
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        with contextlib.suppress(ValueError):
+            out.append(json.loads(line))
+    return out
 
 
 Timeline = dict[str, list[tuple[float, float]]]
@@ -229,6 +201,44 @@ class _Window:
     sched: list[dict[int, SchedStat]] = field(default_factory=list)
 
 
+class Stop:
+    """What stops a run early: the first of ``STOP_SIGNALS`` ends the sending at once (the generator's
+    ``Interrupt``) and the measurement at the next boundary; a second cuts short the wait for the tasks
+    out."""
+
+    def __init__(self, say: Say) -> None:
+        self.signal = 0
+        self.interrupt = Interrupt()
+        self.event = asyncio.Event()
+        self.say = say
+
+    def __call__(self, sig: int) -> None:
+        if not self.signal:
+            self.signal = sig
+            self.say(
+                f"{signal.Signals(sig).name}: stopping the load; waiting up to {DRAIN:g} s for the tasks out "
+                f"(again to cancel them), then writing a partial report"
+            )
+        self.interrupt()
+        self.event.set()
+
+
+@contextlib.contextmanager
+def _stopped_by_signals(stop: Stop) -> Iterator[None]:
+    """While the run's loop runs, ``STOP_SIGNALS`` call ``stop``; the handlers before come back after."""
+    loop = asyncio.get_running_loop()
+    before = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, stop, sig)
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            loop.remove_signal_handler(sig)
+            if handler is not None:  # None: a handler not set from Python, which asyncio's removal keeps
+                signal.signal(sig, handler)
+
+
 async def measure(
     exp: Experiment,
     f: ClusterFile,
@@ -239,52 +249,55 @@ async def measure(
     cluster_path: Path | None = None,
     report: LoadReport | None = None,
     registry: Any = None,
+    record: RunRecord | None = None,
+    signals: bool = False,
+    local: bool = True,
+    beside: Sequence[Callable[[float], Coroutine[Any, Any, None]]] = (),
 ) -> Measurement:
     """Drive the cluster with ``tasks`` and read its counters at the batch boundaries; apply the spec's
     faults (``cluster_path``: the cluster file, to restart killed processes). ``report``: the generator's
-    report to fill (its metrics read it); ``registry``: where the faults' metric joins them. Beside the
-    cluster a probe measures what the machine itself costs over the window (``experiment.machine``).
-    Every task started here is awaited before this returns, also when something fails."""
+    report to fill (its metrics read it); ``registry``: where the faults' metric joins them; ``record``:
+    the run's directory, where every task's fate and every boundary's counters are kept as they come
+    (``run_record``); ``signals``: SIGINT, SIGTERM and SIGHUP stop the run early (``Stop``), the
+    measurement then says which (``interrupted``) and holds the boundaries reached. Every process is
+    watched meanwhile (``experiment.watch``: ``local``, this run started them, and with ``health.restart``
+    supervises them). Beside the cluster a probe measures what the machine itself costs over the window
+    (``experiment.machine``). ``beside``: more to run meanwhile, each given the monotonic instant of model
+    time 0 (a nemesis's own faults) and cancelled once the load is over. Every task started here is
+    awaited before this returns, also when something fails."""
     scale = exp.run.time_scale
     marks = boundaries(exp)
     window = _Window()
     r_series: list[tuple[float, float]] = []
+    stop = Stop(say)
+    note = record.event if record is not None else _ignore
     async with aiohttp.ClientSession() as session, machine.started() as probe:
         origin = time.monotonic() + LEAD_IN
         origin_unix = time.time() + LEAD_IN
-        injector = Injector(exp, f, cluster_path or Path("cluster.json"), origin, say)
+        note({"e": "run", "scheduled": len(tasks), "origin_unix": origin_unix, "time_scale": scale})
+        path = cluster_path or Path("cluster.json")
+        injector = Injector(exp, f, path, origin, say, note)
+        watch = Watch(exp, f, path, origin, say, note, local=local)
         if registry is not None and exp.faults:
             registry.register(FaultCollector(injector))
         if speed_varies(exp) or any(fault.kind in GRAY_FAULTS for fault in exp.faults):
             # the node hosts apply speed schedules, antagonists and gray faults on the run's clock
             await injector.set_origin(session, origin_unix)  # within the lead-in, before the first task
         try:
-            async with asyncio.TaskGroup() as group:
-                load = group.create_task(
-                    drive(
-                        [d.url for d in f.dispatchers],
-                        tasks,
-                        scale,
-                        max_outstanding,
-                        start=origin,
-                        routes=DispatcherSplit(exp).take(len(tasks)),
-                        report=report,
-                    )
-                )
-                background = _background(group, exp, f, session, probe, injector, origin, r_series)
-                await _boundaries(exp, f, session, load, origin, marks, window, prometheus is not None, say)
-                say(f"draining: waiting for the last of {len(tasks)} tasks")
-                report = await load
-                for task in background:  # the samplers run until told; the injector ends by itself
-                    if task.get_name() != "faults":
-                        task.cancel()
-        except BaseExceptionGroup as group_error:
-            raise _first(group_error) from None
+            with _stopped_by_signals(stop) if signals else contextlib.nullcontext():
+                report = await _load_and_boundaries(
+                    exp, f, tasks, session, probe, (injector, watch), origin, window, r_series, stop, say,
+                    max_outstanding=max_outstanding, prometheus=prometheus, report=report, record=record,
+                    beside=beside,
+                )  # fmt: skip
         finally:
             injector.restore()
-        events = await _health_events(session, f, origin_unix, scale) if exp.faults else []
+        if stop.signal:
+            note({"e": "interrupted", "signal": stop.signal, "model_time": injector.now()})
+        events = await _health_events(session, f, origin_unix, scale)
         own_ages, rider_ages, keyed_ages = await _timings(session, f, origin, scale)
-        cost = await probe.cost(origin + marks[0] * scale, origin + marks[-1] * scale)
+        reached = marks[len(window.snapshots) - 1] if len(window.snapshots) > 1 else marks[0]
+        cost = await probe.cost(origin + marks[0] * scale, origin + reached * scale)
     extra: dict[str, Any] = {
         "faults": injector.to_json(),
         "health_events": events,
@@ -294,12 +307,73 @@ async def measure(
         "keyed_ages": keyed_ages,
         "generator_cpu": window.generator_cpu,
         "machine": cost,
-        "unavailable": _unavailable(window, exp.run.duration * scale),
+        "unavailable": _unavailable(window, (reached - marks[0]) * scale),
+        "interrupted": stop.signal,
+        "outages": watch.close(),
     }
-    if prometheus is None:
+    if prometheus is None or len(window.instants) < 2:
         return Measurement(window.snapshots, report, r_series=r_series, **extra)
     read = _from_prometheus(prometheus, window.instants, say)
     return Measurement(read, report, direct=window.snapshots, r_series=r_series, source=prometheus, **extra)
+
+
+def _ignore(event: dict[str, Any]) -> None:
+    """A note to the journal of a run that keeps none."""
+
+
+async def _load_and_boundaries(
+    exp: Experiment,
+    f: ClusterFile,
+    tasks: Sequence[tuple[float, float]],
+    session: aiohttp.ClientSession,
+    probe: machine.Probe,
+    actors: tuple[Injector, Watch],
+    origin: float,
+    window: _Window,
+    r_series: list[tuple[float, float]],
+    stop: Stop,
+    say: Say,
+    *,
+    max_outstanding: int,
+    prometheus: str | None,
+    report: LoadReport | None,
+    record: RunRecord | None,
+    beside: Sequence[Callable[[float], Coroutine[Any, Any, None]]] = (),
+) -> LoadReport:
+    """The load, the tasks beside it and the scrapes at the boundaries, until the load has drained (or
+    the run was stopped); the generator's report."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            load = group.create_task(
+                drive(
+                    [d.url for d in f.dispatchers],
+                    tasks,
+                    exp.run.time_scale,
+                    max_outstanding,
+                    start=origin,
+                    routes=DispatcherSplit(exp).take(len(tasks)),
+                    report=report,
+                    interrupt=stop.interrupt,
+                    journal=record.journal if record is not None else None,
+                    drain=DRAIN,
+                )
+            )
+            background = _background(group, exp, f, session, probe, actors, origin, r_series, record)
+            background += [group.create_task(run(origin), name="beside") for run in beside]
+            marks = boundaries(exp)
+            instants = prometheus is not None
+            await _boundaries(exp, f, session, load, origin, marks, window, instants, stop, record, say)
+            if not stop.signal:
+                say(f"draining: waiting for the last of {len(tasks)} tasks")
+            done = await load
+            for task in background:  # the samplers run until told; the injector ends by itself
+                if task.get_name() != "faults" or stop.signal:
+                    task.cancel()
+    except BaseExceptionGroup as group_error:
+        raise _first(group_error) from None
+    if record is not None:
+        record.sync()
+    return done
 
 
 def _background(
@@ -308,13 +382,15 @@ def _background(
     f: ClusterFile,
     session: aiohttp.ClientSession,
     probe: machine.Probe,
-    injector: Injector,
+    actors: tuple[Injector, Watch],
     origin: float,
     r_series: list[tuple[float, float]],
+    record: RunRecord | None,
 ) -> list[asyncio.Task[None]]:
-    """The tasks beside the load: the fault injector, the machine probe's echoes over the window, and the
-    sampler of what the policy learns."""
-    tasks = []
+    """The tasks beside the load: the fault injector, the watch over the processes, the machine probe's
+    echoes over the window, and the sampler of what the policy learns."""
+    injector, watch = actors
+    tasks = [group.create_task(watch.run(), name="watch")]
     if exp.faults:
         tasks.append(group.create_task(injector.run(session), name="faults"))
     end = origin + (exp.run.warmup + exp.run.duration) * exp.run.time_scale
@@ -322,7 +398,7 @@ def _background(
     learned = policy_of(exp).learned
     if learned is not None:
         url, scale = f.dispatchers[0].url, exp.run.time_scale
-        sampler = _sample_r(session, url, origin, scale, learned.name, r_series)
+        sampler = _sample_r(session, url, origin, scale, learned.name, r_series, record)
         tasks.append(group.create_task(sampler, name="learned"))
     return tasks
 
@@ -336,30 +412,65 @@ async def _boundaries(
     marks: Sequence[float],
     window: _Window,
     instants: bool,
+    stop: Stop,
+    record: RunRecord | None,
     say: Say,
 ) -> None:
-    """Scrape every process at each batch boundary (``instants``: also note when, for Prometheus)."""
+    """Scrape every process at each batch boundary (``instants``: also note when, for Prometheus), until
+    the last or until the run is stopped. A process that does not answer is listed missing: the batches
+    at its ends are left out (a fault, planned or not, or a machine too slow for the scrape's deadline)."""
     urls = [e.url for e in f.dispatchers + f.node_hosts]
     pids = [e for e in f.dispatchers + f.node_hosts if e.pid]
-    faulty = bool(exp.faults)
+    stopped = asyncio.ensure_future(stop.event.wait())
     say(f"warm-up: {exp.run.warmup:g} model s = {exp.run.warmup * exp.run.time_scale:.1f} s wall")
-    for b, t in enumerate(marks):
-        delay = origin + t * exp.run.time_scale - time.monotonic()
-        if delay > 0:
-            await asyncio.wait([load], timeout=delay)  # wakes early only if the load failed
-        if load.done() and load.exception() is not None:
-            raise load.exception()  # type: ignore[misc]
-        if instants:
-            window.instants.append((time.time(), time.monotonic() - origin))
-        cpu = os.times()
-        window.generator_cpu.append(cpu.user + cpu.system)  # the generator's process: this one
-        if b in (0, len(marks) - 1):
-            window.sched.append({e.pid: s for e in pids if (s := read_schedstat(e.pid)) is not None})
-        # with faults a process may be down at a boundary: its batches are dropped
-        wait = 3.0 if faulty else 10.0
-        window.snapshots.append(await scrape(session, urls, origin, missing_ok=faulty, timeout=wait))
-        if b < len(marks) - 1:
-            say(f"measuring: batch {b + 1}/{len(marks) - 1} (model time {t:.4g} of {marks[-1]:.4g})")
+    try:
+        for b, t in enumerate(marks):
+            delay = origin + t * exp.run.time_scale - time.monotonic()
+            if delay > 0:
+                await asyncio.wait([load, stopped], timeout=delay)  # early only if the load failed or stopped
+            if load.done() and load.exception() is not None:
+                raise load.exception()  # type: ignore[misc]
+            if stop.signal:
+                return
+            await _boundary(exp, session, urls, pids, origin, b, t, len(marks) - 1, window, instants, record)
+            if b < len(marks) - 1:
+                say(f"measuring: batch {b + 1}/{len(marks) - 1} (model time {t:.4g} of {marks[-1]:.4g})")
+    finally:
+        stopped.cancel()
+
+
+async def _boundary(
+    exp: Experiment,
+    session: aiohttp.ClientSession,
+    urls: Sequence[str],
+    pids: Sequence[Any],
+    origin: float,
+    b: int,
+    t: float,
+    last: int,
+    window: _Window,
+    instants: bool,
+    record: RunRecord | None,
+) -> None:
+    """Boundary ``b`` (model time ``t``): every process's counters, the generator's CPU, and at the
+    window's ends the kernel's account of every process; kept in the run's record as they are taken."""
+    if instants:
+        window.instants.append((time.time(), time.monotonic() - origin))
+    cpu = os.times()
+    window.generator_cpu.append(cpu.user + cpu.system)  # the generator's process: this one
+    if b in (0, last):
+        window.sched.append({e.pid: s for e in pids if (s := read_schedstat(e.pid)) is not None})
+    wait = 3.0 if exp.faults else 10.0
+    snap = await scrape(session, urls, origin, missing_ok=True, timeout=wait)
+    window.snapshots.append(snap)
+    if record is not None:
+        record.event(
+            {"e": "boundary", "b": b, "model_time": t, "at": snap.at, "cpu": window.generator_cpu[-1],
+             "missing": snap.missing}
+        )  # fmt: skip
+        record.snapshot(b, snap)
+        if b in (0, last):
+            record.sync()
 
 
 def _unavailable(window: _Window, wall: float) -> float | None:
@@ -477,6 +588,7 @@ def run_cluster(
     directory: Path,
     say: Say,
     *,
+    record: RunRecord | None = None,
     endpoints: Path | None = None,
     node_processes: int | None = None,
     prometheus: str | None = None,
@@ -484,7 +596,8 @@ def run_cluster(
     netns: bool = False,
     bandwidth: str = "",
 ) -> Measurement:
-    """Start (or use) the cluster, record and send the workload, and measure the window."""
+    """Start (or use) the cluster, record and send the workload, and measure the window; with ``record``,
+    kept in the run's directory as it goes (and SIGINT, SIGTERM, SIGHUP stop it early: ``measure``)."""
     tasks = list(poisson_tasks(exp, exp.run.warmup + exp.run.duration + drain_arrivals(exp)))
     write_trace(directory / "trace.csv", tasks)
     with cluster_for(exp, directory, endpoints, node_processes, say, netns, bandwidth) as f:
@@ -495,6 +608,7 @@ def run_cluster(
         }
         roles = {e.url: ("dispatcher", e.index) for e in f.dispatchers}
         roles |= {e.url: ("nodes", e.index) for e in f.node_hosts}
+        served = _Served(exp, f, tasks, say, path, record, local=endpoints is None)
         if with_prometheus and prometheus is None:
             from lbtestbed.cluster.prometheus import start_prometheus
 
@@ -502,160 +616,61 @@ def run_cluster(
             with start_prometheus(exp, f, directory / "cluster.json", interval) as server:
                 say(f"Prometheus at {server.url}, scraping every {interval:g} s")
                 _wait_for_targets(server.url, len(f.dispatchers) + len(f.node_hosts))
-                m = _measure_served(exp, f, tasks, say, server.url, path, server.directory, linger=False)
+                m = served.measure(server.url, server.directory, linger=False)
         else:
             from lbtestbed.cluster.prometheus import config_dir
 
             # a cluster of its own with a Prometheus (lbt cluster up --with-prometheus): join its targets
             joined = config_dir(endpoints) if endpoints is not None and f.prometheus_url else None
-            m = _measure_served(exp, f, tasks, say, prometheus, path, joined)
+            m = served.measure(prometheus, joined)
     m.cluster = info
     direct = m.direct or m.snapshots  # scraped from every process (keyed by URL), also beside Prometheus
-    m.cpu = cpu_per_task(direct[0], direct[-1], roles, m.generator_cpu[:1] + m.generator_cpu[-1:])
+    if len(direct) >= 2:
+        m.cpu = cpu_per_task(direct[0], direct[-1], roles, m.generator_cpu[:1] + m.generator_cpu[-1:])
+    if record is not None:
+        record.finish(m)
     return m
 
 
-def _measure_served(
-    exp: Experiment,
-    f: ClusterFile,
-    tasks: Sequence[tuple[float, float]],
-    say: Say,
-    prometheus: str | None,
-    path: Path,
-    directory: Path | None,
-    linger: bool = True,
-) -> Measurement:
-    """``measure``, with the generator's metrics and the faults' served to the Prometheus configured in
-    ``directory`` (docs/load.md, "Monitoring the generator"), if any."""
-    from lbtestbed.cluster.prometheus import serve_generator
+@dataclass
+class _Served:
+    """``measure`` with the generator's metrics and the faults' served to a Prometheus."""
 
-    report = LoadReport(scheduled=len(tasks))  # from the first scrape on
-    with serve_generator(report, exp, None, directory, say, linger=linger) as server:
-        registry = server.registry if server is not None else None
-        return asyncio.run(
-            measure(exp, f, tasks, say, prometheus, cluster_path=path, report=report, registry=registry)
-        )
+    exp: Experiment
+    f: ClusterFile
+    tasks: Sequence[tuple[float, float]]
+    say: Say
+    path: Path
+    record: RunRecord | None
+    local: bool  # this run started the cluster
 
+    def measure(self, prometheus: str | None, directory: Path | None, linger: bool = True) -> Measurement:
+        """``measure``, with the generator's metrics and the faults' served to the Prometheus configured
+        in ``directory`` (docs/load.md, "Monitoring the generator"), if any."""
+        from lbtestbed.cluster.prometheus import serve_generator
 
-def clock_shift(a: Snapshot, b: Snapshot) -> float | None:
-    """The largest difference between two snapshots' model clocks of the same node process."""
-
-    def clocks(s: Snapshot) -> dict[str, float]:
-        out = {}
-        for key, proc in s.processes.items():
-            if any(n == NODE_CLOCK for n, _, _ in proc.samples):
-                out[key.rpartition("/")[2]] = proc.value(NODE_CLOCK)  # URL or Prometheus instance
-        return out
-
-    ca, cb = clocks(a), clocks(b)
-    return max((abs(ca[k] - cb[k]) for k in ca.keys() & cb.keys()), default=None)
+        exp, say = self.exp, self.say
+        report = LoadReport(scheduled=len(self.tasks))  # from the first scrape on
+        with serve_generator(report, exp, None, directory, say, linger=linger) as server:
+            registry = server.registry if server is not None else None
+            main = threading.current_thread() is threading.main_thread()
+            return asyncio.run(
+                measure(
+                    exp, self.f, self.tasks, say, prometheus, cluster_path=self.path, report=report,
+                    registry=registry, record=self.record, signals=main and self.record is not None,
+                    local=self.local,
+                )
+            )  # fmt: skip
 
 
-def unanswered_batches(snaps: Sequence[Snapshot]) -> list[int]:
-    """The batches at one of whose ends a process did not answer the scrape (the fault's target, or any
-    process too slow for the scrape's deadline on a busy machine)."""
-    return [b for b in range(len(snaps) - 1) if snaps[b].missing or snaps[b + 1].missing]
+@dataclass
+class RunDone:
+    """What ``run_experiment`` did: the report (None when fewer than two batches could be compared), the
+    files written, and the signal that stopped the run early (0: none)."""
 
-
-def batches_kept(exp: Experiment, snaps: Sequence[Snapshot]) -> list[bool]:
-    """The batches to compare: not disturbed by a fault, and every process answered at both ends."""
-    excluded = excluded_batches(exp) if exp.faults else [False] * (len(snaps) - 1)
-    unanswered = set(unanswered_batches(snaps))
-    return [not (excluded[b] or b in unanswered) for b in range(len(snaps) - 1)]
-
-
-def cluster_result(exp: Experiment, m: Measurement) -> tuple[Result, RawRun]:
-    """The cluster's measurements as the shared result object (source: cluster)."""
-    keep = batches_kept(exp, m.snapshots)
-    raw = cluster_raw(exp, m.snapshots, m.load.records, keep)
-    if m.r_series:
-        raw.r_series = [(t, int(r)) for t, r in m.r_series]
-    result = summarize(exp, [raw], source="cluster")
-    for key in ("events", "wall_seconds", "censored_tasks"):  # simulator bookkeeping
-        result.extras.pop(key, None)
-    num, den = raw.ratios["network_overhead"]
-    if m.direct:  # the same window scraped directly: the time averages should match Prometheus's
-        direct = summarize(exp, [cluster_raw(exp, m.direct, m.load.records, keep)], source="cluster")
-        checked = ("mean_tasks_per_node", "tasks_in_system", "utility", "idle_nodes", "messages_per_task")
-        result.extras["direct_scrape"] = {k: direct.metrics[k]["value"] for k in checked}
-        result.extras["direct_scrape"]["occupancy_tail"] = {
-            name: [e["value"] for e in tail] for name, tail in direct.metrics["occupancy_tail"].items()
-        }
-        # how far apart the two windows' ends are, in model seconds (the largest over the node processes)
-        result.extras["direct_scrape"]["window_shift"] = [
-            clock_shift(m.snapshots[0], m.direct[0]),
-            clock_shift(m.snapshots[-1], m.direct[-1]),
-        ]
-    if exp.faults:
-        result.extras["faults"] = {
-            "actions": m.faults,
-            "health_events": m.health_events,
-            "batches_excluded": [b for b, k in enumerate(keep) if not k],
-            "batches_unanswered": unanswered_batches(m.snapshots),  # of those, for want of an answer
-        }
-        # per task, for the timeline: (intended arrival, node) of each completed task, and the others
-        result.extras["fault_timeline"] = {
-            "completed": [(round(r.t, 6), r.node) for r in m.load.records],
-            "failures": [(round(t, 6), outcome, node) for t, outcome, node in m.load.failures],
-        }
-    touched = excluded_batches(exp) if exp.faults else [False] * len(keep)
-    result.extras["batches"] = {  # the batch set of every row of the report (run_report.batch_note)
-        "window": len(keep),
-        "kept": [b for b, k in enumerate(keep) if k],
-        "faults": [b for b, t in enumerate(touched) if t],
-        # left out for want of an answer alone (the target of a fault does not answer either)
-        "unanswered": [b for b in unanswered_batches(m.snapshots) if not touched[b]],
-    }
-    result.extras |= {
-        "decisions": raw.decisions,
-        "network_overhead": ratio_estimate(num, den).to_json(),
-        "load": m.load.summary(),
-        "metrics_source": m.source,
-        "endpoints": m.cluster,
-        "cpu": m.cpu,
-    }
-    return result, raw
-
-
-def emulation_of(exp: Experiment, m: Measurement) -> Emulation:
-    """What the twin replays of a cluster run: its trace, every completed task's legs, message ages."""
-    legs = {r.t: (r.arrive, r.decide, r.forward, r.notify, r.reply, r.leave) for r in m.load.records}
-    # messages for a task's dispatcher ride on the task's reply unless the network is emulated
-    return Emulation(
-        m.tasks,
-        legs,
-        m.message_ages,
-        m.rider_ages,
-        m.keyed_ages,
-        riders=exp.network.delay is None,
-        policy_stream=DISPATCHER_STREAM,
-    )
-
-
-def _how_close(preflight: dict[str, Any], cluster: Result, rep: RunReport) -> str:
-    """How close the pre-flight's estimate came: its live calibration at the scale picked where it made one,
-    else its table's."""
-    from lbtestbed.experiment.calibration import how_close
-
-    measured_ms = cluster.extras["overhead"]["legs"]["total"]["p50_ms"]
-    costs = {c.metric: c.cost for c in rep.representative.costs} if rep.representative else {}
-    picked = preflight.get("time_scale", {}).get("picked")
-    live = [x for x in preflight.get("live", []) if x["time_scale"] == picked]
-    if live:
-        x = live[-1]
-        return how_close("live", x["overhead_p50_ms"], x["cost"], measured_ms, costs.get("mean_sojourn"))
-    est = preflight["estimate"]["overhead_ms"]
-    return how_close("the machine's table", est, None, measured_ms, costs.get("mean_sojourn"))
-
-
-def _legs_held(exp: Experiment, m: Measurement) -> LegCheck | None:
-    """Each leg of the run's tasks against what its machine probe measured over the window."""
-    if m.machine is None:
-        return None
-    busy = (
-        m.unavailable if m.unavailable is not None else busiest(m.cpu, exp.run.duration * exp.run.time_scale)
-    )
-    return hold(m.load.records, m.machine, busy, exp.run.time_scale)
+    report: RunReport | None
+    files: list[Path]
+    interrupted: int = 0
 
 
 def run_experiment(
@@ -666,80 +681,20 @@ def run_experiment(
     simulate: bool = True,
     preflight: dict[str, Any] | None = None,
     **cluster_options: Any,
-) -> tuple[RunReport, list[Path]]:
-    """The whole of ``lbt run``: cluster, simulation, theory, verdicts and the report directory."""
-    from lbtestbed.analysis.simulator import simulate_once
-    from lbtestbed.analysis.theory.predict import predict
-
+) -> RunDone:
+    """The whole of ``lbt run``: cluster, simulation, theory, verdicts and the report directory. The run is
+    kept in its directory as it goes (``run_record``); SIGINT, SIGTERM and SIGHUP stop it early with a
+    partial report (``measure``)."""
     warnings = [w for w in (warmup_warning(exp), ejection_warning(exp)) if w]
     for w in warnings:
         say(f"warning: {w}")
     directory.mkdir(parents=True, exist_ok=True)
-    m = run_cluster(exp, directory, say, **cluster_options)
-    cluster, raw = cluster_result(exp, m)
-    ages = [{k: [a for _, a in v] for k, v in t.items()} for t in (m.message_ages, m.rider_ages)]
-    kinds = exp.policy.message_kinds()
-    cluster.extras["overhead"] = overhead_of(m.load.records, exp.run.time_scale, ages[0], ages[1], kinds)
-    write_records(directory / "tasks.csv", m.load.records)
-    raws = {"cluster": raw}
-    # one batch set for every column: the simulation and the twin are cut to the batches the cluster
-    # keeps (a fault, or a scrape unanswered, leaves the others out), so that a row's values, its gap and
-    # its verdict are all over the same batches
-    kept = raw.positions()
-    simulation = twin = None
-    if simulate:
-        say("simulating the same tasks")
-        sim_raw = simulate_once(exp).only(kept)
-        simulation = summarize(exp, [sim_raw])
-        raws["simulation"] = sim_raw
-        say("simulating the twin: the same tasks with the delays the cluster measured")
-        twin_raw, replayed = simulate_twin(exp, emulation_of(exp, m))
-        twin_raw = twin_raw.only(kept)
-        twin = summarize(exp, [twin_raw], source="twin")
-        # every kind of the policy (0 and 0 where none was sent): the same keys in every run of the spec
-        twin.extras["message_ages_replayed"] = {
-            k: dict(zip(("own", "drawn"), replayed.get(k, [0, 0]), strict=True))
-            for k in sorted({*kinds, *replayed})
-        }
-        raws["twin"] = twin_raw
-    theory = predict(exp)
-    warnings += [f"theory: {w}" for w in theory.extras.get("warnings", [])]
-    load = m.load.summary()
-    if load["late_sends"] or load["dropped"]:
-        warnings.append(
-            f"the load generator could not keep its schedule: {load['late_sends']} late sends, "
-            f"{load['dropped']} dropped"
-        )
-    lost = sum(int(load[k]) for k in ("refused", "lost", "failed", "expired"))  # type: ignore[call-overload]
-    if lost:
-        warnings.append(f"{lost} tasks did not complete (refused, lost, failed or expired): see results.json")
-    context: dict[str, Any] = {"metrics_source": m.source, "directory": str(directory)}
-    if preflight:
-        context["preflight"] = preflight
-        if "time_scale" in preflight:
-            warnings.insert(0, preflight["time_scale"]["why"])
-    rep = report.build(
-        exp,
-        Side(cluster, raw),
-        Side(simulation, raws["simulation"]) if simulation is not None else None,
-        theory,
-        context,
-        warnings,
-        twin=Side(twin, raws["twin"]) if twin is not None else None,
-        legs=_legs_held(exp, m),
-    )
-    if preflight and "estimate" in preflight:
-        preflight["how_close"] = _how_close(preflight, cluster, rep)
-        say(preflight["how_close"])
-    overhead = cluster.extras["network_overhead"]["value"]
-    sojourn_off = [v for v in rep.verdicts if v.metric.startswith("sojourn") or v.metric == "mean_sojourn"]
-    if overhead and any(v.counts and v.agrees is False for v in sojourn_off):
-        rep.warnings.append(
-            f"sojourn times are measured at the client and include {overhead:.3g} model s "
-            f"({1e3 * overhead * exp.run.time_scale:.2g} ms wall) of network and dispatch overhead per "
-            f"task; a larger run.time_scale makes it smaller against the work"
-        )
-    say("writing the report")
-    completed = [(rec.t, rec.node) for rec in m.load.records]
-    files = report.write(directory, rep, raws, m.r_series, (completed, m.load.failures))
-    return rep, files
+    record = RunRecord(directory)
+    try:
+        record.begin(exp, preflight or {})
+        m = run_cluster(exp, directory, say, record=record, **cluster_options)
+    finally:
+        record.close()
+    m.accounting = accounting(read_events(record.journal.path), len(m.tasks))
+    rep, files = analyse(exp, m, directory, say, simulate=simulate, preflight=preflight, warnings=warnings)
+    return RunDone(rep, files, m.interrupted)

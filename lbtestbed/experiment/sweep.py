@@ -27,7 +27,7 @@ from lbtestbed.experiment.errors import BadInput, Failed
 from lbtestbed.experiment.executor import LOCAL, Executor, open_executor, run_each
 from lbtestbed.experiment.preflight import prepare
 from lbtestbed.experiment.progress import optional_progress
-from lbtestbed.experiment.run import default_directory, run_errors, run_size_problem
+from lbtestbed.experiment.run import default_directory, output_problem, run_errors, run_size_problem
 from lbtestbed.model.experiment import Experiment
 from lbtestbed.model.reader import SpecError
 from lbtestbed.policies import CATALOG
@@ -163,12 +163,17 @@ def run_sweep(exp: Experiment, overrides: Sequence[str], options: SweepOptions, 
     before the first point runs; Failed when a cluster run fails or the executor loses its workers."""
     points = experiments(exp, overrides)
     directory = options.out or default_directory(f"sweep-{exp.name}")
+    what = "--out" if options.out else "the sweep directory"
+    problem = output_problem(directory, what)
+    if problem:
+        raise BadInput(problem)
     if options.simulate_only:
-        with (
-            open_executor(options.executor, min(options.jobs, len(points))) as executor,
-            optional_progress(options.quiet, f"{exp.name}: sweep", len(points), "points") as bar,
-        ):
-            done = simulate_points(points, executor, say, None if bar is None else bar.update)
+        with open_executor(options.executor, min(options.jobs, len(points))) as executor:
+            problem = output_problem(directory, what, make=True)
+            if problem:
+                raise BadInput(problem)
+            with optional_progress(options.quiet, f"{exp.name}: sweep", len(points), "points") as bar:
+                done = simulate_points(points, executor, say, None if bar is None else bar.update)
         return SweepOutcome(done, write(directory, exp.source, done), directory)
     if options.executor != LOCAL:
         raise BadInput(
@@ -176,6 +181,9 @@ def run_sweep(exp: Experiment, overrides: Sequence[str], options: SweepOptions, 
             f"machine; the executor runs --simulate-only sweeps"
         )
     points = _checked(points, options, say)
+    problem = output_problem(directory, what, make=True)
+    if problem:
+        raise BadInput(problem)
     with optional_progress(options.quiet, f"{exp.name}: sweep", len(points), "points") as bar:
         try:
             done = run_points(
@@ -242,7 +250,9 @@ def run_points(
 ) -> list[Point]:
     """Run every point of ``experiments(...)`` on a cluster of this machine, one by one, each with its
     report in a directory of its own under ``directory``; ``progress(k)`` after the k-th is done."""
+    from lbtestbed.cluster.processes import Interrupted
     from lbtestbed.experiment.runner import run_experiment
+    from lbtestbed.transport.cluster_file import ClusterError
 
     keys = _keys(points)
     directory.mkdir(parents=True, exist_ok=True)
@@ -250,7 +260,12 @@ def run_points(
     for i, (p, exp) in enumerate(points, 1):
         sub = directory / (f"{i:02d}-" + re.sub(r"[^A-Za-z0-9_.=-]+", "_", "-".join(p))[:80])
         say(f"point {i}/{len(points)}: {_label(_settings(p, keys))}")
-        rep, _ = run_experiment(exp, sub, lambda line: say(f"  {line}"), **cluster_options)
+        done = run_experiment(exp, sub, lambda line: say(f"  {line}"), **cluster_options)
+        if done.interrupted:  # the point's partial report is written: the sweep ends there
+            raise Interrupted(done.interrupted)
+        rep = done.report
+        if rep is None:
+            raise ClusterError(f"point {i}: fewer than two batches to compare (see {sub / 'report.md'})")
         assert rep.theory is not None
         out.append(Point(_settings(p, keys), rep.cluster, rep.theory, rep.agrees, str(sub)))
         if progress is not None:

@@ -17,11 +17,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import gc
+import itertools
 import json
+import math
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -31,7 +33,9 @@ import orjson
 import uvloop
 
 from lbtestbed.loadgen import TASK_DEADLINE
-from lbtestbed.model.experiment import Experiment
+from lbtestbed.loadgen import journal as events
+from lbtestbed.loadgen.journal import Journal
+from lbtestbed.model.experiment import MAX_PROCESS_BYTES, SENT_TASK_BYTES, Experiment
 from lbtestbed.model.workload import PoissonWorkload
 from lbtestbed.transport.alarm import Alarm
 from lbtestbed.transport.http import HttpPool
@@ -117,7 +121,7 @@ class LoadReport:
         sent: float,
         done: float,
         scale: float,
-    ) -> None:
+    ) -> TaskRecord:
         """Record a task its dispatcher answered (``reply``: the answer's JSON; monotonic instants: the
         intended send, the request leaving, the answer read). A malformed answer raises before anything is
         counted."""
@@ -129,6 +133,61 @@ class LoadReport:
         self.outcomes["completed"] += 1
         self.sojourns.append(sojourn)
         self.records.append(record)
+        return record
+
+    def ended(self, t: float, outcome: str, node: int, sojourn: float | None) -> None:
+        """Record a task that did not complete: refused, lost, failed, expired or cancelled (``sojourn``:
+        model seconds from its intended send to its answer or to giving up; None for cancelled)."""
+        self.outcomes[outcome] += 1
+        self.failures.append((t, outcome, node))
+        if sojourn is not None:
+            self.other_sojourns.append((outcome, sojourn))
+
+    @classmethod
+    def from_events(
+        cls, journal: Iterable[Mapping[str, Any]], scheduled: int, time_scale: float
+    ) -> LoadReport:
+        """The report as a journal's events tell it (``loadgen.journal``). A task sent without a fate in the
+        journal (the run was cut short before its answer was written) counts as ``cancelled``, a task not
+        sent when the journal ends as ``unsent``."""
+        report = cls(scheduled=scheduled)
+        open_tasks: dict[int, float] = {}
+        late_limit, finished = LATE, False
+        for e in journal:
+            kind = e["e"]
+            if kind == "sent":
+                open_tasks[e["i"]] = e["t"]
+                report.lateness.append(e["late"])
+            elif kind == "dropped":
+                report.lateness.append(e["late"])
+                report.outcomes["dropped"] += 1
+            elif kind == "completed":
+                open_tasks.pop(e["i"], None)
+                record = TaskRecord(
+                    *(e[k] for k in TaskRecord._fields[:6]),  # t, work, node, sojourn, stay, waited
+                    *(NAN if e.get(k) is None else float(e[k]) for k in TaskRecord._fields[6:]),
+                )
+                report.outcomes["completed"] += 1
+                report.records.append(record)
+                report.sojourns.append(record.sojourn)
+            elif kind in events.FATES:
+                open_tasks.pop(e["i"], None)
+                report.ended(e["t"], kind, e["node"], e.get("sojourn"))
+            elif kind == "unsent":
+                report.outcomes["unsent"] += e["count"]
+                report.interrupted = True
+            elif kind == "load":
+                finished, late_limit = True, e.get("late_limit", LATE)
+                report.send_seconds, report.wall_seconds = e["send_seconds"], e["wall_seconds"]
+                report.model_seconds = report.wall_seconds / time_scale
+                report.interrupted = report.interrupted or bool(e.get("interrupted"))
+        for t in open_tasks.values():
+            report.ended(t, "cancelled", -1, None)
+        if not finished:
+            report.interrupted = True
+            report.outcomes["unsent"] = scheduled - len(report.lateness)  # sent or dropped: one lateness each
+        report.late = sum(1 for x in report.lateness if x > late_limit)
+        return report
 
     def summary(self) -> dict[str, object]:
         lat = np.array(self.lateness) if self.lateness else np.zeros(1)
@@ -171,11 +230,26 @@ def write_trace(path: Path, tasks: Sequence[tuple[float, float]]) -> None:
             f.write(f"{t!r},{w!r}\n")
 
 
+#: the longest line of a trace (two numbers) and the most tasks one may hold (what a generator can keep)
+MAX_TRACE_LINE = 256
+MAX_TRACE_TASKS = MAX_PROCESS_BYTES // SENT_TASK_BYTES
+
+
 def read_trace(path: Path) -> list[tuple[float, float]]:
-    """A recorded workload; a malformed line is an error naming the file and the line."""
+    """A recorded workload; a malformed line is an error (ValueError) naming the file and the line, and so
+    are a line longer than MAX_TRACE_LINE and more than MAX_TRACE_TASKS tasks: a trace of a device that
+    never ends (``/dev/zero``) is refused at its first line, with the memory it holds bounded."""
     tasks: list[tuple[float, float]] = []
-    with open(path) as f:
-        for i, line in enumerate(f, 1):
+    with open(path, encoding="utf-8") as f:
+        for i in itertools.count(1):
+            try:
+                line = f.readline(MAX_TRACE_LINE + 1)
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{i}: not UTF-8 text: {e.reason}") from None
+            if not line:
+                return tasks
+            if len(line) > MAX_TRACE_LINE:
+                raise ValueError(f"{path}:{i}: a line longer than {MAX_TRACE_LINE} characters: not a trace")
             line = line.strip()
             if not line or line.startswith("#"):
                 continue
@@ -183,8 +257,14 @@ def read_trace(path: Path) -> list[tuple[float, float]]:
                 t, w = (float(x) for x in line.split(","))
             except ValueError:
                 raise ValueError(f"{path}:{i}: expected 'time,work', got {line!r}") from None
-            if w <= 0 or (tasks and t < tasks[-1][0]):
-                raise ValueError(f"{path}:{i}: times must not decrease and work must be positive")
+            if not (math.isfinite(t) and math.isfinite(w)) or w <= 0 or (tasks and t < tasks[-1][0]):
+                raise ValueError(
+                    f"{path}:{i}: times must be finite and not decrease, work finite and positive"
+                )
+            if len(tasks) >= MAX_TRACE_TASKS:
+                raise ValueError(
+                    f"{path}:{i}: more than {MAX_TRACE_TASKS:,} tasks: more than a generator holds"
+                )
             tasks.append((t, w))
     return tasks
 
@@ -218,22 +298,46 @@ class YoungCollector:
 
 
 class Interrupt:
-    """Stops a ``drive`` early (Ctrl-C): the schedule's wait ends at once, nothing more is sent."""
+    """Stops a ``drive`` early (Ctrl-C): the schedule's wait ends at once, nothing more is sent; called
+    again, it cuts short the wait for the tasks out (``drain``)."""
 
     def __init__(self) -> None:
         self.set = False
         self.wake: Callable[[], None] | None = None  # the drive's, to stop waiting for its next send
+        self._nap: asyncio.Future[None] | None = None
 
     def __call__(self) -> None:
         self.set = True
+        if self._nap is not None and not self._nap.done():
+            self._nap.set_result(None)
         if self.wake is not None:
             self.wake()
+
+    async def drain(self, pending: set[asyncio.Future[Any]], seconds: float) -> None:
+        """Wait up to ``seconds`` for the ``pending`` requests to end, unless interrupted again."""
+        if not pending or seconds <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        self._nap = nap = loop.create_future()
+        handle = loop.call_later(seconds, _wake, nap)
+        everything = asyncio.ensure_future(asyncio.wait(set(pending)))
+        try:
+            await asyncio.wait({everything, nap}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            handle.cancel()
+            everything.cancel()
+
+
+def _wake(nap: asyncio.Future[None]) -> None:
+    if not nap.done():
+        nap.set_result(None)
 
 
 class _Sender:
     """One ``drive``: the schedule's sends, from an ``Alarm`` at each intended instant (several at once when
     they are due together), and the requests out, each a future of its answer whose done callback records
-    how it ended (no task per request: one costs more CPU than a request on a kept-alive connection)."""
+    how it ended (no task per request: one costs more CPU than a request on a kept-alive connection), in
+    the report and in the journal."""
 
     def __init__(
         self,
@@ -244,9 +348,11 @@ class _Sender:
         routes: Sequence[int] | None,
         report: LoadReport,
         interrupt: Interrupt,
+        journal: Journal | None,
     ) -> None:
         self.tasks, self.time_scale, self.start = tasks, time_scale, start
         self.pools, self.routes, self.report, self.interrupt = pools, routes, report, interrupt
+        self.journal = journal
         self.max_outstanding, self.deadline = 10_000, TASK_DEADLINE
         self.progress: Callable[[int, int], None] | None = None
         self.path = f"{PREFIX}/tasks"
@@ -262,7 +368,7 @@ class _Sender:
 
     def tick(self) -> None:
         """Send every task that is due, then wait for the next one (or end: all sent, or interrupted)."""
-        tasks, report, n = self.tasks, self.report, len(self.tasks)
+        tasks, report, n, journal = self.tasks, self.report, len(self.tasks), self.journal
         now = time.monotonic()
         while self.next < n and not self.interrupt.set:
             t, work = tasks[self.next]
@@ -277,11 +383,15 @@ class _Sender:
                 if now - intended > LATE:
                     report.late += 1
                 report.outcomes["dropped"] += 1
+                if journal is not None:
+                    journal.write({"e": "dropped", "i": self.next - 1, "t": t, "late": now - intended})
             else:
                 self.send(self.next - 1, t, work, intended)
             if now > self.next_report:
                 self.next_report = now + 1.0
                 self.collector.tick()
+                if journal is not None:
+                    journal.flush()
                 if self.progress is not None:
                     self.progress(self.next, n)
             now = time.monotonic()
@@ -296,43 +406,48 @@ class _Sender:
         self.report.lateness.append(lateness)
         if lateness > LATE:
             self.report.late += 1
+        route = self.routes[i] if self.routes is not None else i % len(self.pools)
+        if self.journal is not None:
+            self.journal.write(events.sent(i, t, route, lateness))
         body = orjson.dumps({"work": work})  # a finite float's shortest form, faster than repr's
-        pools = self.pools
-        pool = pools[self.routes[i]] if self.routes is not None else pools[i % len(pools)]
-        answer = pool.request(self.path, body, timeout=self.deadline)
+        answer = self.pools[route].request(self.path, body, timeout=self.deadline)
         self.pending.add(answer)
-        answer.add_done_callback(functools.partial(self.ended, t, work, intended, sent))
+        answer.add_done_callback(functools.partial(self.ended, i, t, work, intended, sent))
 
-    def ended(self, t: float, work: float, intended: float, sent: float, answer: asyncio.Future[Any]) -> None:
+    def ended(
+        self, i: int, t: float, work: float, intended: float, sent: float, answer: asyncio.Future[Any]
+    ) -> None:
         """A request ended: completed, refused (503), lost (502), failed, expired or cancelled."""
         self.outstanding -= 1
         self.pending.discard(answer)
-        report, now = self.report, time.monotonic()
+        report, journal, now = self.report, self.journal, time.monotonic()
+        outcome, node = "failed", -1
+        sojourn: float | None = (now - intended) / self.time_scale
         if answer.cancelled():  # interrupted: its answer no longer counts
-            report.outcomes["cancelled"] += 1
-            report.failures.append((t, "cancelled", -1))
-            return
-        failed = answer.exception()
-        if failed is None:
+            outcome, sojourn = "cancelled", None
+        elif (failed := answer.exception()) is not None:
+            outcome = "expired" if isinstance(failed, TimeoutError) else "failed"
+        else:
             status, raw = answer.result()
             try:
                 if status == 200:
-                    report.completed(t, work, orjson.loads(raw), intended, sent, now, self.time_scale)
+                    record = report.completed(
+                        t, work, orjson.loads(raw), intended, sent, now, self.time_scale
+                    )
+                    if journal is not None:
+                        journal.write(events.completed(i, record))
                     return
                 outcome = {503: "refused", 502: "lost"}.get(status, "failed")
-                report.other_sojourns.append((outcome, (now - intended) / self.time_scale))
-                report.outcomes[outcome] += 1
-                report.failures.append((t, outcome, _node_of(raw)))
-                return
+                node = _node_of(raw)
             except (ValueError, AttributeError, TypeError):
                 pass  # a malformed answer: failed
-        outcome = "expired" if isinstance(failed, TimeoutError) else "failed"
-        report.other_sojourns.append((outcome, (now - intended) / self.time_scale))
-        report.outcomes[outcome] += 1
-        report.failures.append((t, outcome, -1))
+        report.ended(t, outcome, node, sojourn)
+        if journal is not None:
+            journal.write(events.ended(i, outcome, t, node, sojourn))
 
-    async def run(self) -> None:
-        """Send on schedule, then wait for every answer; an interrupt cancels the requests out."""
+    async def run(self, drain: float) -> None:
+        """Send on schedule, then wait for every answer; once interrupted, the requests out have up to
+        ``drain`` wall seconds to come back (an interrupt again cuts it short), the rest are cancelled."""
         report = self.report
         self.tick()
         await self.all_sent
@@ -342,7 +457,11 @@ class _Sender:
         report.due = None
         if self.interrupt.set:
             report.interrupted = True
-            report.outcomes["unsent"] += len(self.tasks) - self.next
+            unsent = len(self.tasks) - self.next
+            report.outcomes["unsent"] += unsent
+            if self.journal is not None:
+                self.journal.write({"e": "unsent", "from": self.next, "count": unsent})
+            await self.interrupt.drain(self.pending, drain)
             for answer in list(self.pending):
                 answer.cancel()
         if self.pending:
@@ -368,6 +487,8 @@ async def drive(
     deadline: float = TASK_DEADLINE,
     interrupt: Interrupt | None = None,
     report: LoadReport | None = None,
+    journal: Journal | None = None,
+    drain: float = 0.0,
 ) -> LoadReport:
     """Send ``tasks`` on their schedule, task i to dispatcher ``routes[i]`` (the spec's split:
     ``DispatcherSplit``; by default in turn); return what happened.
@@ -378,7 +499,9 @@ async def drive(
     to 1 ms early, are checked against the clock). A task not answered within ``deadline`` wall seconds of
     its send is expired; ``interrupt`` stops the run early (the report says what was sent and completed
     until then). ``report``: an empty report to fill, for a caller that reads it while the run goes on
-    (``loadgen.metrics``).
+    (``loadgen.metrics``). ``journal``: where every task's fate is appended as it happens
+    (``loadgen.journal``). Once interrupted, the tasks out have up to ``drain`` wall seconds to come back
+    (an interrupt again cuts it short); the rest are cancelled.
     """
     report = report if report is not None else LoadReport()
     report.scheduled = len(tasks)
@@ -387,16 +510,27 @@ async def drive(
         pools = [HttpPool(d) for d in dispatchers]  # kept-alive connections: the task path's lean client
     if start is None:
         start = time.monotonic() + 0.05
-    sender = _Sender(tasks, time_scale, start, pools, routes, report, interrupt or Interrupt())
+    sender = _Sender(tasks, time_scale, start, pools, routes, report, interrupt or Interrupt(), journal)
     sender.max_outstanding, sender.deadline, sender.progress = max_outstanding, deadline, progress
     try:
-        await sender.run()
+        await sender.run(drain)
     finally:
         sender.close()
         report.wall_seconds = max(0.0, time.monotonic() - start)
         report.model_seconds = report.wall_seconds / time_scale
         for pool in pools if own else ():
             pool.close()
+        if journal is not None:
+            journal.write(
+                {
+                    "e": "load",
+                    "send_seconds": report.send_seconds,
+                    "wall_seconds": report.wall_seconds,
+                    "interrupted": report.interrupted,
+                    "late_limit": LATE,
+                }
+            )
+            journal.flush()
     return report
 
 

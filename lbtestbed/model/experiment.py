@@ -45,6 +45,14 @@ MAX_SPEED_CHANGES = 2_000_000
 SPLITS = ("random", "round_robin")
 #: dispatchers a spec may ask for: each is a process of its own on the cluster
 MAX_DISPATCHERS = 64
+#: the largest seed: the random streams take 64 bits
+MAX_SEED = 2**64 - 1
+#: the longest name of an experiment or a class: it labels every metric and every report
+MAX_NAME = 100
+#: the most batches a window may have: each is a row of every metric's table and a scrape of every process
+MAX_BATCHES = 10_000
+#: the longest run in model seconds: at 1e12 a float still resolves a millionth of a model second
+MAX_MODEL_SECONDS = 1e12
 #: keys every policy accepts: how many dispatchers run it and how the arrivals reach them
 COMMON_POLICY_KEYS = ("dispatchers", "split")
 #: what each dispatcher of several sees (docs/spec.md, "`view`"): the tasks it routed, or every task
@@ -185,6 +193,10 @@ class HealthSpec:
     outlier_min_tasks: int = 5
     slow_share: float = 0.5
     ejection_time: float = 5.0
+    # supervision by lbt run (experiment.watch): a process that dies outside the spec's faults is started
+    # again at once, one that answers nothing for ``restart_after`` wall seconds is killed and started again
+    restart: bool = False
+    restart_after: float = 5.0
 
 
 @dataclass(frozen=True)

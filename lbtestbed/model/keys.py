@@ -285,15 +285,24 @@ _HEALTH_DOCS = {
         {"positive": False, "below": 1.0},
     ),
     "ejection_time": ("wall seconds of a first ejection", {}),
+    "restart": ("lbt run starts a process again that died or hung outside the spec's faults", {}),
+    "restart_after": ("wall seconds without an answer after which a supervised process is hung", {}),
 }
+
+
+def _health_key(f: str) -> Key:
+    default = getattr(HealthSpec(), f)
+    doc, bounds = _HEALTH_DOCS[f]
+    if isinstance(default, bool):
+        return Key(f, "boolean", doc, default=default)
+    if isinstance(default, int):
+        return Key(f, "integer", doc, default=default, minimum=1)
+    return _num(f, doc, default=default, **bounds)
+
+
 HEALTH = Table(
     "health",
-    tuple(
-        Key(f, "integer", _HEALTH_DOCS[f][0], default=getattr(HealthSpec(), f), minimum=1)
-        if isinstance(getattr(HealthSpec(), f), int)
-        else _num(f, _HEALTH_DOCS[f][0], default=getattr(HealthSpec(), f), **_HEALTH_DOCS[f][1])
-        for f in HealthSpec.__dataclass_fields__
-    ),
+    tuple(_health_key(f) for f in HealthSpec.__dataclass_fields__),
 )
 
 FAULT = Table(

@@ -25,8 +25,12 @@ from lbtestbed.model.experiment import (
     COMMON_POLICY_KEYS,
     GRAY_FAULTS,
     MAX_ARRIVALS,
+    MAX_BATCHES,
+    MAX_MODEL_SECONDS,
+    MAX_NAME,
     MAX_NODES,
     MAX_PROCESS_BYTES,
+    MAX_SEED,
     MAX_SPEED_CHANGES,
     MEASURED_TASK_BYTES,
     NODE_BYTES,
@@ -42,6 +46,7 @@ from lbtestbed.model.experiment import (
     Workload,
     draw_speeds,
 )
+from lbtestbed.model.files import MAX_DEPTH, MAX_SPEC_BYTES, TooLarge, read_limited, too_deep
 from lbtestbed.model.reader import SpecError, TableReader, show
 from lbtestbed.model.schedules import Antagonist, Entry, NodeSpeed, Ramp, Step
 from lbtestbed.model.utility import TableUtility, Utility, XLogUtility, first_concavity_violation
@@ -379,11 +384,10 @@ def apply_overrides(
         path, _, text = item.partition("=")
         if not [p for p in re.split(r"\.|\[(\d+)\]", path.strip()) if p]:
             raise SpecError(source, item, "an override needs a key path before '='")
-        try:
-            value: Any = tomllib.loads(f"v = {text}")["v"]
-        except tomllib.TOMLDecodeError:
-            value = text  # bare words are strings: policy.name=jiq
+        value = _override_value(source, path, text)
         parts = [p for p in re.split(r"\.|\[(\d+)\]", path.strip()) if p]
+        if len(parts) > MAX_DEPTH:
+            raise SpecError(source, path[:80], f"a key path of {len(parts)} parts: at most {MAX_DEPTH}")
         node: Any = data
         for i, part in enumerate(parts):
             last = i == len(parts) - 1
@@ -408,6 +412,21 @@ def apply_overrides(
             for k in [k for k in table if k not in keep]:
                 del table[k]
     return data
+
+
+def _override_value(source: str, path: str, text: str) -> Any:
+    """An override's value: a TOML value, or the text itself (bare words are strings: policy.name=jiq);
+    SpecError for one nested deeper than MAX_DEPTH."""
+    try:
+        value: Any = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+    except RecursionError:  # thousands of nested arrays: the parser gives up
+        raise SpecError(source, path, f"a value nested too deeply (at most {MAX_DEPTH} levels)") from None
+    problem = too_deep(value)
+    if problem:
+        raise SpecError(source, path, f"a value {problem}")
+    return value
 
 
 # ----------------------------------------------------------------------------------------- the document
@@ -443,6 +462,7 @@ def read_experiment(data: Mapping[str, Any], source: str, policies: PolicyLibrar
         _read_health(top),
         nodes=_parse_nodes(top, n),
     )
+    _check_bounds(top, exp)
     _check_speeds_over_time(top, exp)
     _check_stability(exp, top)
     policy.check(exp, top)
@@ -450,6 +470,39 @@ def read_experiment(data: Mapping[str, Any], source: str, policies: PolicyLibrar
         if c.utility is not None and c.discipline != "pool":
             raise top.fail(f"classes[{i}].utility", f"utilities belong to pool classes, not {c.discipline!r}")
     return exp
+
+
+def _check_bounds(top: TableReader, exp: Experiment) -> None:
+    """Refuse what no run can use, before anything starts (docs/spec.md, "Limits"): a seed beyond 64
+    bits, a name too long to label a metric with, more batches than a report can hold, model times where
+    a second is lost in a float's rounding, and a workload that brings no task to the window or whose
+    rate overflows."""
+    if exp.seed > MAX_SEED:
+        raise top.fail("seed", f"must be at most 2**64 - 1 = {MAX_SEED}, got {show(exp.seed)}")
+    names = [("name", exp.name)] + [(f"classes[{i}].name", c.name) for i, c in enumerate(exp.classes)]
+    for key, name in names:
+        if len(name) > MAX_NAME:
+            raise top.fail(key, f"{len(name):,} characters: at most {MAX_NAME}")
+        if any(ch < " " or ch == "\x7f" for ch in name):
+            raise top.fail(key, "must not hold control characters (a newline, a tab, ...)")
+    run, rate = exp.run, exp.workload.arrival_rate
+    if run.batches > MAX_BATCHES:
+        raise top.fail("run.batches", f"at most {MAX_BATCHES:,}, got {run.batches:,}")
+    if run.warmup + run.duration > MAX_MODEL_SECONDS:
+        raise top.fail(
+            "run.duration",
+            f"warmup + duration = {run.warmup + run.duration:.3g} model s: at most {MAX_MODEL_SECONDS:.0e} "
+            f"(beyond, a model second is lost in the rounding of the times); choose another time unit",
+        )
+    if not (math.isfinite(rate) and math.isfinite(exp.work_rate)):
+        raise top.fail("workload", f"the arrival rate ({rate:g}) or the work it brings overflows")
+    expected = rate * run.duration
+    if expected < 1:
+        raise top.fail(
+            "workload",
+            f"{rate:.3g} tasks per model s bring {expected:.3g} tasks to the {run.duration:g} model s of the "
+            f"window: at least one is needed (a higher load, a shorter service or a longer duration)",
+        )
 
 
 def _read_classes(top: TableReader) -> list[NodeClass]:
@@ -624,21 +677,37 @@ def read_document(path: str | Path) -> dict[str, Any]:
     """A spec file's TOML document (or its JSON form, ``model.document``, in a ``.json`` file), or
     SpecError: cannot read it, not UTF-8, not TOML (or JSON)."""
     source = str(path)
+    text = _spec_text(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        if source.endswith(".json"):
+            try:
+                data = json.loads(text)
+            except ValueError as e:
+                raise SpecError(source, "", f"not valid JSON: {e}") from None
+            if not isinstance(data, dict):
+                raise SpecError(source, "", "a spec document in JSON is an object")
+        else:
+            try:
+                data = tomllib.loads(text)
+            except tomllib.TOMLDecodeError as e:
+                raise SpecError(source, "", f"not valid TOML: {e}") from None
+    except RecursionError:  # arrays or tables nested thousands deep: the parser gives up
+        raise SpecError(source, "", f"nested too deeply to read (at most {MAX_DEPTH} levels)") from None
+    problem = too_deep(data)
+    if problem:
+        raise SpecError(source, "", problem)
+    return data
+
+
+def _spec_text(path: str | Path) -> str:
+    """A spec file's text, at most MAX_SPEC_BYTES of it (SpecError: cannot read it, too large, not
+    UTF-8)."""
+    source = str(path)
+    try:
+        return read_limited(path, MAX_SPEC_BYTES).decode("utf-8")
     except OSError as e:
         raise SpecError(source, "", f"cannot read: {e.strerror or e}") from None
+    except TooLarge as e:
+        raise SpecError(source, "", str(e)) from None
     except UnicodeDecodeError as e:
         raise SpecError(source, "", f"not UTF-8 text: {e.reason} at byte {e.start}") from None
-    if source.endswith(".json"):
-        try:
-            data = json.loads(text)
-        except ValueError as e:
-            raise SpecError(source, "", f"not valid JSON: {e}") from None
-        if not isinstance(data, dict):
-            raise SpecError(source, "", "a spec document in JSON is an object")
-        return data
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise SpecError(source, "", f"not valid TOML: {e}") from None

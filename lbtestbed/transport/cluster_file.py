@@ -19,6 +19,7 @@ from typing import Any
 
 from lbtestbed.model.document import document
 from lbtestbed.model.experiment import Experiment
+from lbtestbed.model.files import MAX_CLUSTER_BYTES, read_limited, too_deep
 from lbtestbed.model.reader import SpecError
 from lbtestbed.spec import apply_overrides, parse_spec
 from lbtestbed.transport.wire import PREFIX
@@ -48,6 +49,21 @@ class Endpoint:
 def journal_of(e: Endpoint) -> Path | None:
     """Where dispatcher ``e`` keeps its node transitions across restarts: beside its log (none without)."""
     return Path(e.log).with_suffix(".events.jsonl") if e.log else None
+
+
+def _read_object(path: Path) -> dict[str, Any]:
+    """The JSON object of a cluster file, at most MAX_CLUSTER_BYTES and MAX_DEPTH deep (ValueError if it
+    is larger, deeper or not an object; OSError if it cannot be read)."""
+    try:
+        data = json.loads(read_limited(path, MAX_CLUSTER_BYTES))
+    except RecursionError:
+        raise ValueError("nested too deeply to read") from None
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    problem = too_deep(data)
+    if problem:
+        raise ValueError(problem)
+    return data
 
 
 @dataclass
@@ -92,7 +108,7 @@ class ClusterFile:
     @classmethod
     def load(cls, path: Path) -> ClusterFile:
         try:
-            data = json.loads(Path(path).read_text())
+            data = _read_object(Path(path))
             if not isinstance(data.get("experiment_document"), dict):
                 raise KeyError("experiment_document")
             return cls(
@@ -114,6 +130,8 @@ class ClusterFile:
             )
         except FileNotFoundError:
             raise ClusterError(f"{path}: no cluster file (is a cluster up?)") from None
+        except OSError as e:
+            raise ClusterError(f"{path}: cannot read: {e.strerror or e}") from None
         except (ValueError, KeyError, TypeError) as e:
             raise ClusterError(f"{path}: not a cluster file: {e}") from None
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -62,6 +63,24 @@ class Snapshot:
             for k, v in p.by(name, *keys).items():
                 out[k] += v
         return dict(out)
+
+    def to_json(self) -> dict[str, Any]:
+        """The snapshot as a JSON object (``from_json`` reads it back): a run keeps each one as it is
+        taken, so that its report can be written again from its directory."""
+        return {
+            "at": self.at,
+            "missing": self.missing,
+            "processes": {key: p.samples for key, p in self.processes.items()},
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Snapshot:
+        """A snapshot from ``to_json``'s object (ValueError, KeyError or TypeError if it is not one)."""
+        processes = {
+            str(key): ProcessSamples([(str(n), dict(lab), float(v)) for n, lab, v in samples])
+            for key, samples in data["processes"].items()
+        }
+        return cls(float(data["at"]), processes, [str(u) for u in data["missing"]])
 
 
 def parse(text: str) -> ProcessSamples:

@@ -571,6 +571,21 @@ BAND_GREY, BAND_EDGE = (0.5, 0.5, 0.5, 0.12), (0.45, 0.45, 0.45, 0.6)
 HATCHES = ("//", "\\\\", "xx", "..", "++", "--")
 
 
+def _outages(ax: Any, outages: Sequence[Mapping[str, Any]], end: float) -> None:
+    """Each observed outage as a hatched band along the bottom of the plot: from the first check that found
+    its process out to the first that found it serving again (the end of the run if it never did); an
+    unplanned one in red."""
+    for o in outages:
+        planned = o.get("fault") is not None
+        stop = o["end"] if o.get("end") is not None else end
+        what = f"fault {o['fault']}" if planned else "unplanned"
+        ax.axvspan(
+            o["start"], stop, ymin=0.0, ymax=0.06, facecolor="none", hatch="///",
+            edgecolor="tab:gray" if planned else "tab:red",
+            label=f"{o['process']} observed out ({what}: {o['cause']})",
+        )  # fmt: skip
+
+
 def fault_timeline(
     directory: Path,
     end: float,
@@ -580,9 +595,12 @@ def fault_timeline(
     events: Sequence[Mapping[str, Any]],
     *,
     run: str,
+    outages: Sequence[Mapping[str, Any]] = (),
 ) -> Path:
     """Tasks per model second by intended arrival time: completed (all, and at each faulty process's
-    nodes) and not completed, with the fault windows shaded and the dispatchers' down/up marked."""
+    nodes) and not completed, with the fault windows shaded as scheduled, the processes' observed outages
+    (``outages``: planned or not, experiment.watch) hatched beneath, and the dispatchers' down/up
+    marked."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(10, 4.2))
     edges = np.linspace(0.0, end, 121)
@@ -619,6 +637,7 @@ def fault_timeline(
                 color=next(colors, "tab:olive"),
                 label=f"completed at nodes {min(nodes)}-{max(nodes)} (fault {i})",
             )
+    _outages(ax, outages, end)
     bad = [t for t, _, _ in failures]
     if bad:
         ax.plot(mid, rate(bad), color="tab:red", label="lost, refused or failed")

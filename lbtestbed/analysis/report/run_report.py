@@ -501,46 +501,132 @@ def _messages_table(rep: RunReport) -> str:
 
 
 def _faults_section(rep: RunReport) -> list[str]:
-    """What the injector did, when the dispatchers noticed, and what the run excluded."""
+    """What the injector did, what the processes were seen doing, when the dispatchers noticed, and what
+    the run excluded."""
     faults = rep.cluster.extras.get("faults")
     if not faults:
         return []
-    e = rep.exp
-    rows = [["fault", "target", "start", "end", "marked down", "back up", "note"]]
+    return faults_table(rep.exp, faults, rep.cluster.extras.get("load", {}))
+
+
+def _span(lo: float | None, hi: float | None) -> str:
+    if lo is None:
+        return "-"
+    return f"{lo:.4g}-{hi:.4g}" if hi is not None else f"{lo:.4g}- (not back)"
+
+
+def _out_windows(outages: Sequence[dict[str, Any]], process: str) -> list[tuple[float, float]]:
+    """When process ``process`` was out (model seconds; an outage that never ended lasts for ever)."""
+    inf = float("inf")
+    return [(o["start"], inf if o["end"] is None else o["end"]) for o in outages if o["process"] == process]
+
+
+def _uncovered(lo: float, hi: float, covers: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The parts of [lo, hi] that no window of ``covers`` covers."""
+    left = [(lo, hi)]
+    for a, b in covers:
+        left = [piece for x, y in left for piece in ((x, min(y, a)), (max(x, b), y)) if piece[1] > piece[0]]
+    return left
+
+
+def observed_window(
+    e: Experiment, fault: int, start: float | None, end: float | None, outages: Sequence[dict[str, Any]]
+) -> tuple[float, float | None] | None:
+    """Fault ``fault``'s window as the processes saw it (docs/faults.md, "Observed windows"): a process
+    fault's outage of its target; a gray failure's scheduled window where its node's process and some
+    dispatcher served (None: never, the fault could act on no task); a message fault's switches."""
+    mine = [o for o in outages if o.get("fault") == fault]
+    if mine:
+        return mine[0]["start"], mine[-1]["end"]
+    if start is None:
+        return None
+    if e.faults[fault].kind not in ("slow", "fail") or end is None:
+        return start, end
+    node = e.faults[fault].node
+    hosts = {o["process"] for o in outages if node in (o.get("nodes") or [])}
+    covers = [w for h in hosts for w in _out_windows(outages, h)]
+    dispatchers = [f"dispatcher-{d}" for d in range(e.policy.dispatchers)]
+    # the times every dispatcher was out: the intersection of their outages
+    all_out = [(0.0, float("inf"))]
+    for d in dispatchers:
+        mine_d = _out_windows(outages, d)
+        all_out = [(max(a, x), min(b, y)) for a, b in all_out for x, y in mine_d if min(b, y) > max(a, x)]
+    left = _uncovered(start, end, covers + all_out)
+    return (left[0][0], left[-1][1]) if left else None
+
+
+def _noticed(
+    e: Experiment,
+    nodes: set[int],
+    window: tuple[float, float | None],
+    since: float,
+    events: Sequence[dict[str, Any]],
+) -> tuple[str, str]:
+    """When the dispatchers marked the fault's nodes down within its observed window (from ``since``, the
+    earliest it can have begun: its scheduled start, or the last check that saw its process serving, to
+    its end plus the detection bound, heartbeat + timeout) and back up after it: the two cells of the
+    faults table, with the delays after ``since`` and after its observed end."""
+    lo, hi = window
+    bound = (e.health.heartbeat + e.health.timeout) / e.run.time_scale
+    last = (hi if hi is not None else lo) + bound
+    hits = [ev for ev in events if nodes & set(range(ev["nodes"][0], ev["nodes"][-1] + 1))]
+    d = next((ev for ev in hits if ev["to"] == "down" and min(lo, since) <= ev["model_time"] <= last), None)
+    down = f"{d['model_time']:.4g} (+{d['model_time'] - since:.3g})" if d else "not noticed"
+    if hi is None:
+        return down, "-"
+    u = next((ev for ev in hits if ev["to"] == "up" and ev["model_time"] >= hi), None)
+    return down, f"{u['model_time']:.4g} (+{u['model_time'] - hi:.3g})" if u else "-"
+
+
+def _fault_rows(e: Experiment, faults: dict[str, Any]) -> list[list[str]]:
+    """One row per fault of the spec, then one per unplanned fault."""
     by_fault: dict[int, dict[str, Any]] = {}
     for a in faults["actions"]:
         entry = by_fault.setdefault(a["fault"], {"target": a["target"], "nodes": a.get("nodes") or []})
         entry[a["action"]] = a
+    outages = faults.get("outages") or []
+    events = faults["health_events"]
+    rows = []
     for i, f in sorted(by_fault.items()):
-        start = f.get("start", {}).get("model_time")
-        end = f.get("end", {}).get("model_time")
+        start, end = f.get("start", {}).get("model_time"), f.get("end", {}).get("model_time")
+        window = observed_window(e, i, start, end, outages)
         nodes = set(f["nodes"])
         down = up = "-"
-        if nodes and start is not None:
-            hits = [
-                ev
-                for ev in faults["health_events"]
-                if nodes & set(range(ev["nodes"][0], ev["nodes"][-1] + 1)) and ev["model_time"] >= start
-            ]
-            d = next((ev for ev in hits if ev["to"] == "down"), None)
-            after = [ev for ev in hits if ev["to"] == "up" and end is not None and ev["model_time"] >= end]
-            u = after[0] if after else None
-            down = f"{d['model_time']:.4g} (+{d['model_time'] - start:.3g})" if d else "not noticed"
-            up = f"{u['model_time']:.4g} (+{u['model_time'] - end:.3g})" if u and end is not None else "-"
-        ends = (f.get("start", {}), f.get("end", {}))
-        errors = "; ".join(x["error"] for x in ends if x.get("error"))
+        if window is None:
+            down = "not exercised (its process or every dispatcher was out)"
+        elif nodes:
+            down, up = _noticed(
+                e, nodes, window, min(window[0], start if start is not None else window[0]), events
+            )
+        errors = "; ".join(x["error"] for x in (f.get("start", {}), f.get("end", {})) if x.get("error"))
+        observed = _span(*window) if window is not None else "none"
+        rows.append([str(i), f["target"], _span(start, end), observed, down, up, errors])
+    for o in outages:
+        if o.get("fault") is not None:
+            continue
+        what = f"node process {o['index']}" if o["role"] == "nodes" else f"dispatcher {o['index']}"
+        window = (o["start"], o["end"])
+        down, up = _noticed(e, set(o["nodes"]), window, o["last_seen"], events) if o["nodes"] else ("-", "-")
+        again = ", ".join(f"{t:.4g}" for t in o.get("restarted") or [])
+        note = f"unplanned: {o['cause']}" + (f"; started again at {again}" if again else "")
         rows.append(
             [
-                str(i),
-                f["target"],
-                _num(start),
-                _num(end),
+                f"u{o['id']}",
+                what,
+                "-",
+                _span(*window),
                 down,
                 up,
-                errors,
+                note + (f"; {o['error']}" if o.get("error") else ""),
             ]
         )
-    load = rep.cluster.extras.get("load", {})
+    return rows
+
+
+def faults_table(e: Experiment, faults: dict[str, Any], load: dict[str, Any]) -> list[str]:
+    """The report's Faults section: the table of faults, planned and not, and the accounting."""
+    rows = [["fault", "target", "scheduled", "observed out", "marked down", "back up", "note"]]
+    rows += _fault_rows(e, faults)
     excluded = faults["batches_excluded"]
     unanswered = faults.get("batches_unanswered", [])
     return [
@@ -548,16 +634,21 @@ def _faults_section(rep: RunReport) -> list[str]:
         "",
         markdown_table(rows),
         "",
-        f"Times in model seconds from the start of the load; in brackets the delay after the fault began "
-        f"or ended (heartbeat every {e.health.heartbeat:g} s wall, timeout {e.health.timeout:g} s wall "
-        f"= {e.health.timeout / e.run.time_scale:.3g} model s). Every task is accounted for: "
+        f"Times in model seconds from the start of the load. *Scheduled*: the spec's window as the injector "
+        f"acted; *observed out*: from the first check that found the process out (dead, stopped, not "
+        f"answering, or a dispatcher still waiting for its nodes) to the first that found it serving again, "
+        f"or for a gray failure the part of its window in which its process and a dispatcher served; rows "
+        f"u*k* are faults nobody planned. The dispatchers' marks are judged on the observed window; in "
+        f"brackets their delay after it began or ended (heartbeat every {e.health.heartbeat:g} s wall, "
+        f"timeout {e.health.timeout:g} s wall = {e.health.timeout / e.run.time_scale:.3g} model s). Every "
+        f"task is accounted for: "
         f"{load.get('scheduled', 0)} scheduled = {load.get('completed', 0)} completed + "
         f"{load.get('refused', 0)} refused + {load.get('lost', 0)} lost with a node + "
         f"{load.get('failed', 0)} lost with a dispatcher or unreachable + {load.get('expired', 0)} expired "
-        f"(no answer within the "
-        f"generator's deadline) + {load.get('dropped', 0)} dropped by the generator. Batches "
-        f"{', '.join(map(str, excluded)) or 'none'} of {e.run.batches} overlap a fault or the warm-up after "
-        f"it, or a process did not answer the scrape at one of their ends "
+        f"(no answer within the generator's deadline) + {load.get('cancelled', 0)} cancelled (the run was "
+        f"stopped) + {load.get('dropped', 0)} dropped by the generator + {load.get('unsent', 0)} not sent. "
+        f"Batches {', '.join(map(str, excluded)) or 'none'} of {e.run.batches} overlap a fault (scheduled or "
+        f"observed) or the settle time after it, or a process did not answer the scrape at one of their ends "
         f"({', '.join(map(str, unanswered)) or 'none'}), and are left out of the comparison "
         f"(docs/faults.md).",
         "",
@@ -674,12 +765,42 @@ def _cpu_section(rep: RunReport) -> list[str]:
     ]
 
 
+def partial_note(context: dict[str, Any]) -> str | None:
+    """What a partial run's report says first: why it stopped, and that it covers what was measured."""
+    if not context.get("partial"):
+        return None
+    how = f"stopped by {context['interrupted']}" if context.get("interrupted") else "cut short"
+    return f"PARTIAL RUN ({how}): the report covers what was measured until then."
+
+
+def accounting_lines(context: dict[str, Any]) -> list[str]:
+    """Every task sent, counted one by one from the run's journal, and whether the identity holds."""
+    a = context.get("accounting")
+    if not a:
+        return []
+    fates = " + ".join(
+        f"{a[k]} {k}" for k in ("completed", "refused", "lost", "failed", "expired", "cancelled")
+    )
+    still = f" + {a['open']} without a fate in the journal" if a.get("open") else ""
+    word = "holds" if a.get("holds") else "DOES NOT HOLD: " + "; ".join(a.get("problems", []))
+    return [
+        "## Accounting",
+        "",
+        f"Task by task from the run's journal (`journal.jsonl`): {a['sent']} sent = {fates}{still} "
+        f"({word}); of the {a['scheduled']} scheduled, {a['dropped']} were dropped by the generator and "
+        f"{a['unsent']} not sent.",
+        "",
+    ]
+
+
 def markdown(rep: RunReport, images: Sequence[Path]) -> str:
     e, c = rep.exp, rep.cluster
     load = c.extras.get("load", {})
+    partial = partial_note(rep.context)
     out = [
         f"# {e.name}: {e.policy.name} on a {e.n}-node cluster, {_dispatchers(e)}",
         "",
+        *([f"**{partial}**", ""] if partial else []),
         f"**{headline(rep)}**",
         "",
         markdown_table(comparison_rows(rep)),
@@ -693,6 +814,7 @@ def markdown(rep: RunReport, images: Sequence[Path]) -> str:
     ]
     if rep.warnings:
         out += ["## Warnings", "", *(f"- {w}" for w in rep.warnings), ""]
+    out += accounting_lines(rep.context)
     out += _faults_section(rep)
     out += _time_section(rep)
     out += _cpu_section(rep)
@@ -748,6 +870,7 @@ def write(
                 faults["actions"],
                 faults["health_events"],
                 run=run,
+                outages=faults.get("outages") or [],
             )
         )
     learned = policy_of(e).learned
@@ -761,3 +884,44 @@ def write(
     (directory / "results.json").write_text(json.dumps(rep.to_json(), indent=1) + "\n")
     (directory / "report.md").write_text(markdown(rep, shown))
     return [directory / "results.json", directory / "report.md", *shown]
+
+
+def write_unmeasured(
+    directory: Path,
+    exp: Experiment,
+    context: dict[str, Any],
+    warnings: Sequence[str],
+    load: dict[str, Any],
+    faults: dict[str, Any] | None,
+) -> list[Path]:
+    """The report of a run that left fewer than two batches to compare (stopped before, or faults took
+    them): results.json and report.md with its accounting, its load and its faults, and no verdict."""
+    directory.mkdir(parents=True, exist_ok=True)
+    line = "NOTHING TO COMPARE: fewer than two batches of the window were measured undisturbed"
+    body = {
+        "name": exp.name,
+        "policy": exp.policy.name,
+        "agrees": False,
+        "faithful": False,
+        "passed": False,
+        "headline": line,
+        "results": {"cluster": {"source": "cluster", "load": load, "faults": faults}},
+        "comparison": [],
+        "warnings": list(warnings),
+        **context,
+    }
+    partial = partial_note(context)
+    text = [
+        f"# {exp.name}: {exp.policy.name} on a {exp.n}-node cluster, {_dispatchers(exp)}",
+        "",
+        *([f"**{partial}**", ""] if partial else []),
+        f"**{line}**",
+        "",
+        *(["## Warnings", "", *(f"- {w}" for w in warnings), ""] if warnings else []),
+        *accounting_lines(context),
+    ]
+    if faults is not None:
+        text += faults_table(exp, faults, load)
+    (directory / "results.json").write_text(json.dumps(body, indent=1) + "\n")
+    (directory / "report.md").write_text("\n".join(text) + "\n")
+    return [directory / "results.json", directory / "report.md"]
