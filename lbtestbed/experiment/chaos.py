@@ -141,9 +141,10 @@ async def _read(urls: Sequence[str]) -> Snapshot:
         return await scrape(session, urls, time.monotonic(), missing_ok=True)
 
 
-def pictures_of(urls: Sequence[str]) -> list[dict[str, float]]:
-    """Each dispatcher's picture: its nodes up, and its policy's state gauges (-1 when it does not
-    answer)."""
+def pictures_of(exp: Experiment, urls: Sequence[str]) -> list[dict[str, float]]:
+    """Each dispatcher's picture: its nodes up (-1 when it does not answer), and the quantities without a
+    label that its policy exports, by name."""
+    exported = [q for q in policy_of(exp).exported if q.label is None]
     snap = asyncio.run(_read(urls))
     out = []
     for url in urls:
@@ -151,7 +152,7 @@ def pictures_of(urls: Sequence[str]) -> list[dict[str, float]]:
         if proc is None:
             out.append({"nodes_up": -1.0})
             continue
-        state = {q: v for (q,), v in proc.by("lbtestbed_dispatcher_policy_state", "quantity").items()}
+        state = {q.name: proc.value(q.metric) for q in exported}
         out.append({"nodes_up": proc.value("lbtestbed_dispatcher_nodes_up"), **state})
     return out
 
@@ -178,10 +179,10 @@ def run_chaos(exp: Experiment, directory: Path, node_processes: int, say: Say) -
         m = asyncio.run(measure(exp, f, tasks, say, cluster_path=path))
         urls = [d.url for d in f.dispatchers]
         began = time.monotonic()
-        pictures = pictures_of(urls)
+        pictures = pictures_of(exp, urls)
         while not healed(exp, pictures) and time.monotonic() - began < HEAL_WITHIN:
             time.sleep(0.2)
-            pictures = pictures_of(urls)
+            pictures = pictures_of(exp, urls)
         heal = time.monotonic() - began
         say(f"healed in {heal:.2f} s" if healed(exp, pictures) else f"not healed after {heal:.1f} s")
         busy = asyncio.run(_read([h.url for h in f.node_hosts])).value("lbtestbed_node_tasks")

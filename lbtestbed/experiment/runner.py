@@ -165,7 +165,7 @@ async def _sample_r(
     while True:
         with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
             snap = await scrape(session, [url], origin)
-            r = snap.by("lbtestbed_dispatcher_policy_state", "quantity").get((quantity,))
+            r = snap.by(f"lbtestbed_dispatcher_{quantity}").get(())
             if r is not None:
                 out.append((snap.at / scale, r))
         await asyncio.sleep(R_SAMPLE_WALL)
