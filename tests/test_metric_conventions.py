@@ -13,9 +13,11 @@ docs/protocol.md, "Metrics").
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import re
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ from lbtestbed.dispatcher.host import DispatcherHost
 from lbtestbed.model.experiment import Experiment
 from lbtestbed.model.reader import SpecError
 from lbtestbed.policies import CATALOG, Policy
+from lbtestbed.server_node.host import NodeHost
 from lbtestbed.spec import parse_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -164,3 +167,31 @@ def test_the_dashboard_shows_every_quantity() -> None:
     for q in quantities:
         if q.startswith("slta_"):
             assert f"lbtestbed_dispatcher_{q}{{" in exprs, q
+
+
+# ----------------------------------------------------------------------------------------- base units
+
+
+def node_page(exp: Experiment) -> tuple[NodeHost, str]:
+    """A started node host of every node of ``exp``, and its page."""
+
+    async def page() -> tuple[NodeHost, str]:
+        host = NodeHost(exp, list(range(exp.n)), ["http://127.0.0.1:9"], "token")
+        await host.start()
+        try:
+            return host, generate_latest(host.registry).decode()
+        finally:
+            await host.stop()
+
+    return asyncio.run(page())
+
+
+def test_the_node_host_exports_its_start_in_seconds_and_no_incarnation() -> None:
+    """The incarnation (microseconds, an identity on the wire) is no metric; ``process_start_time_seconds``
+    says when the process started, before the host took its incarnation."""
+    exp = experiment_for(CATALOG["jsq"])
+    host, text = node_page(exp)
+    found = families(text)
+    assert not [name for name in found if "incarnation" in name]
+    started = found["process_start_time_seconds"].samples[0].value
+    assert started <= host.incarnation / 1e6 <= time.time()

@@ -25,7 +25,6 @@ from lbtestbed.transport.metrics import (
     MessageAges,
     counter,
     counters_by_kind,
-    gauge,
     message_faults_metric,
     standard_collectors,
     time_scale_gauge,
@@ -88,11 +87,6 @@ class NodeCollector(Collector):
         ):
             yield counters_by_kind(name, doc, counts)
         yield message_faults_metric(core.faults, "node")
-        yield gauge(
-            "lbtestbed_node_incarnation",
-            "When this process started (microseconds since the epoch)",
-            core.incarnation,
-        )
         yield counter(
             "lbtestbed_node_state_reports",
             "State reports served to the dispatchers' health checks",
