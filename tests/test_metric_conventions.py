@@ -5,8 +5,9 @@ docs/protocol.md, "Metrics").
   exports (``unit.Policy.exported``); its dispatcher side gives exactly those (``gauges``), and the
   dispatcher's ``/metrics`` holds a family for each, of the declared type, with the declared label and
   nothing else of the policy's: no family mixes quantities under a label.
-- **Created timestamps.** Every counter and histogram of every process (dispatcher, node host, load
-  generator) carries its ``_created`` series, the Unix time its count began.
+- **Created timestamps, alike everywhere.** No counter or histogram of any process (dispatcher, node host,
+  load generator) carries a ``_created`` series, not even those prometheus_client makes itself
+  (``transport.registry`` says why none rather than all).
 - **Base units.** No family is a time in anything but seconds: the node host's start is
   ``process_start_time_seconds``, not a count of microseconds.
 """
@@ -23,15 +24,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from lbtestbed.dispatcher.host import DispatcherHost
+from lbtestbed.loadgen.metrics import LoadCollector, registry_for
+from lbtestbed.loadgen.openloop import LoadReport
 from lbtestbed.model.experiment import Experiment
 from lbtestbed.model.reader import SpecError
 from lbtestbed.policies import CATALOG, Policy
 from lbtestbed.server_node.host import NodeHost
 from lbtestbed.spec import parse_spec
+from lbtestbed.transport.registry import Registry
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -169,7 +173,7 @@ def test_the_dashboard_shows_every_quantity() -> None:
             assert f"lbtestbed_dispatcher_{q}{{" in exprs, q
 
 
-# ----------------------------------------------------------------------------------------- base units
+# ------------------------------------------------------------------------------ created timestamps
 
 
 def node_page(exp: Experiment) -> tuple[NodeHost, str]:
@@ -184,6 +188,47 @@ def node_page(exp: Experiment) -> tuple[NodeHost, str]:
             await host.stop()
 
     return asyncio.run(page())
+
+
+def generator_page(exp: Experiment) -> str:
+    r = LoadReport(scheduled=4)
+    r.lateness, r.sojourns, r.other_sojourns = [0.001, 0.003, 0.0005], [0.5, 2.0], [("refused", 0.1)]
+    r.outcomes.update(completed=2, refused=1, dropped=1)
+    return generate_latest(registry_for(LoadCollector(r, exp.run.time_scale, [1.0, 10.0]))).decode()
+
+
+def test_no_counter_or_histogram_of_any_process_has_a_created_series() -> None:
+    """The dispatcher's and the node host's histograms are prometheus_client's own, which give every series
+    a ``_created``; the generator's and every counter are families of ours, which have none. Every page
+    has counters and histograms with series, and none has a ``_created``."""
+    exp = experiment_for(CATALOG["jiq"])
+    pages = {
+        "dispatcher": dispatcher_page(exp),
+        "node host": node_page(exp)[1],
+        "generator": generator_page(exp),
+    }
+    for role, text in pages.items():
+        found = families(text)
+        counts = {"counter": 0, "histogram": 0}
+        for family in found.values():
+            if family.type in counts:
+                counts[family.type] += len(family.samples)
+        assert min(counts.values()) > 0, (role, counts)
+        assert not [name for name in found if name.endswith("_created")], role
+        assert "_created" not in text, role
+
+
+def test_the_library_would_give_its_histograms_a_created_series() -> None:
+    """What ``Registry`` leaves out: the same histogram on the client library's own registry has one."""
+    pages = []
+    for registry in (CollectorRegistry(auto_describe=False), Registry()):
+        Histogram("h_seconds", "a histogram", buckets=(1.0,), registry=registry).observe(0.5)
+        pages.append(generate_latest(registry).decode())
+    assert "h_seconds_created " in pages[0] and "_created" not in pages[1]
+    assert pages[1] == "".join(line for line in pages[0].splitlines(True) if "_created" not in line)
+
+
+# ----------------------------------------------------------------------------------------- base units
 
 
 def test_the_node_host_exports_its_start_in_seconds_and_no_incarnation() -> None:

@@ -28,13 +28,14 @@ from lbtestbed.transport.metrics import (
     standard_collectors,
     time_scale_gauge,
 )
+from lbtestbed.transport.registry import Registry
 
 
 class DispatcherMetrics:
     """The registry of a dispatcher's ``/metrics`` and the histograms its core observes into."""
 
     def __init__(self, exp: Experiment, clock: ModelClock) -> None:
-        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry: CollectorRegistry = Registry()  # no _created series (transport.registry)
         standard_collectors(self.registry)  # process CPU, memory, descriptors, GC
         self.sojourn = Histogram(
             "lbtestbed_dispatcher_sojourn_model_seconds",
