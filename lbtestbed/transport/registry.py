@@ -9,8 +9,8 @@ garbage-collector counters have none, so the pages disagreed. Giving every serie
 more than it tells here: in the text format the processes serve, each ``_created`` is a series of its own
 (Prometheus reads created timestamps as such only from OpenMetrics or protobuf scrapes, behind a feature
 flag), which more than doubles the largest families (a node's occupancy per level: a node host's page of
-100 pools at 26 levels grows from 271 kB to 596 kB, and the scrape that holds its event loop from 27 to
-45 ms), and nothing reads them: a count that began again (a restarted process, a new run of the generator)
+100 pools at 26 levels would grow 2.2 times, and the scrape that holds its event loop 1.7 to 2.4 times:
+benchmarks/bench_created_series.py), and nothing reads them: a count that began again (a restarted process, a new run of the generator)
 shows as a counter reset, and ``process_start_time_seconds`` says when a process started.
 """
 
