@@ -48,6 +48,7 @@ from lbtestbed.analysis.simulator.engine import Simulator
 from lbtestbed.cluster.launcher import Cluster
 from lbtestbed.loadgen.openloop import LoadReport, drive, poisson_tasks
 from lbtestbed.model.experiment import Experiment
+from lbtestbed.policies import CATALOG
 from lbtestbed.spec import load_spec
 from lbtestbed.transport.cluster_file import ClusterFile
 from lbtestbed.transport.signing import Signer
@@ -247,6 +248,15 @@ class Metrics:
             if n == name and all(lab.get(k) == x for k, x in labels.items()):
                 out[lab[label]] += v
         return dict(out)
+
+    def policy_state(self) -> dict[str, Any]:
+        """The families of the policy's quantities a dispatcher exports (``unit.Quantity``), as its side's
+        ``gauges`` gives them: by name, a number or a number per label value."""
+        out: dict[str, Any] = {}
+        for q in CATALOG.quantities().values():
+            if any(n == q.metric for n, _, _ in self.samples):
+                out[q.name] = self.total(q.metric) if q.label is None else self.by(q.metric, q.label)
+        return out
 
 
 def get(url: str, timeout: float = 10.0) -> tuple[int, str]:
@@ -459,7 +469,7 @@ def test_every_task_completes_and_the_routing_rule_shows(
     assert sum(disp.by("lbtestbed_dispatcher_message_failures_total", "kind").values()) == 0
     assert sum(disp.by("lbtestbed_dispatcher_messages_rejected_total", "kind").values()) == 0
     assert sum(nodes.by("lbtestbed_node_message_failures_total", "kind").values()) == 0
-    gauges = disp.by("lbtestbed_dispatcher_policy_state", "quantity")
+    gauges = disp.policy_state()
 
     if policy in ("random", "round_robin", "least_request"):
         assert d_sent == d_got == n_sent == n_got == {}, "a stateless policy sent state messages"
@@ -467,7 +477,7 @@ def test_every_task_completes_and_the_routing_rule_shows(
         # nodes in turn: every node gets floor(sent / n) or one more
         assert max(arrivals.values()) - min(arrivals.values()) <= 1, arrivals
     if policy == "least_request":
-        assert gauges["tasks_in_flight"] == 0  # every completion passed back through the dispatcher
+        assert gauges["pending_tasks"] == 0  # every completion passed back through the dispatcher
     if policy in ("jsq", "jlmu"):
         # exactly one departure notice per completed task, and the dispatcher's counts are back to empty
         assert d_got == {"departure": sent} and n_sent == {"departure": sent}
@@ -476,7 +486,7 @@ def test_every_task_completes_and_the_routing_rule_shows(
         assert gauges["idle_nodes"] == exp.n
         assert decisions.get("idle", 0) > 0
     if policy == "jlmu":
-        assert gauges == {"min_occupancy_small": 0, "min_occupancy_large": 0}
+        assert gauges == {"jlmu_min_occupancy": {"small": 0, "large": 0}}
     if policy in PROBES:
         d = PROBES[policy]
         assert d_sent == {"probe": d * sent} and d_got == {"probe_reply": d * sent}
@@ -558,7 +568,7 @@ async def closed_loop_reading_r(
         async def reader() -> None:
             while time.monotonic() < stop:
                 async with session.get(f"{dispatcher}/metrics") as resp:
-                    state = Metrics([await resp.text()]).by("lbtestbed_dispatcher_policy_state", "quantity")
+                    state = Metrics([await resp.text()]).policy_state()
                 rs.append(state["slta_r"])
                 await asyncio.sleep(0.05)
 
@@ -585,7 +595,7 @@ def test_slta_r_stays_bounded_at_high_task_rates(tmp_path: Path) -> None:
         statuses, rs = asyncio.run(closed_loop_reading_r(dispatcher, 3.0, CLIENTS, 200_000))
         disp = scrape([dispatcher])
     bound = CLIENTS // 4 + 1
-    gauges = disp.by("lbtestbed_dispatcher_policy_state", "quantity")
+    gauges = disp.policy_state()
     decisions = disp.by("lbtestbed_dispatcher_decisions_total", "outcome")
     print(f"{sum(statuses.values())} tasks; r read {len(rs)} times, at most {max(rs)}; bound {bound}")
     assert set(statuses) == {200} and sum(statuses.values()) > 200, statuses
@@ -1227,7 +1237,7 @@ def test_refused_tasks_leave_no_phantom_in_jsq_state(tmp_path: Path) -> None:
         replies = asyncio.run(concurrent_tasks(f"{dispatcher}/v1/tasks", [10.0] * 8))
         assert sorted(s for s, _ in replies) == [200] * 4 + [503] * 4
         wait_until(lambda: scrape([dispatcher]).total("lbtestbed_dispatcher_tasks_in_flight") == 0)
-        gauges = scrape([dispatcher]).by("lbtestbed_dispatcher_policy_state", "quantity")
+        gauges = scrape([dispatcher]).policy_state()
         assert gauges["idle_nodes"] == 4, gauges
 
 

@@ -87,8 +87,8 @@ def switch(f: ClusterFile, index: int, active: bool) -> None:
         assert status == 200 and (index in reply["active"]) == active, (e.url, status, reply)
 
 
-def gauges(url: str) -> dict[str, float]:
-    return scrape([url]).by("lbtestbed_dispatcher_policy_state", "quantity")
+def gauges(url: str) -> dict[str, Any]:
+    return scrape([url]).policy_state()
 
 
 async def load(
@@ -152,7 +152,7 @@ def test_jiq_idle_tokens_dropped_until_the_drain_come_back(tmp_path: Path) -> No
         # drained, the fault still on: the truth is n idle nodes, the picture falls short
         nodes, disp = scrape(hosts), scrape([dispatcher])
         assert nodes.total("lbtestbed_node_tasks") == 0
-        short = disp.by("lbtestbed_dispatcher_policy_state", "quantity")["idle_tokens"]
+        short = disp.policy_state()["idle_tokens"]
         dropped = faulted(nodes, disp, "drop", "idle_token")
         assert dropped > 0, "the fault hit nothing"
         assert short < JIQ_N, f"no token was missing at the drain ({dropped:g} dropped)"
@@ -209,7 +209,7 @@ def test_jiq_duplicated_and_delayed_tokens_count_once(tmp_path: Path) -> None:
         nodes, disp = scrape(hosts), scrape([dispatcher])
         duplicated = faulted(nodes, disp, "duplicate", "idle_token")
         assert duplicated > 0 and faulted(nodes, disp, "delay", "idle_token") > 0
-        stale = disp.by("lbtestbed_dispatcher_policy_state", "quantity")["jiq_stale_tokens"]
+        stale = disp.policy_state()["jiq_stale_tokens_total"]
         assert stale >= duplicated, (stale, duplicated)
         assert nodes.total("lbtestbed_node_tasks") == 0
         all_completed(report, disp)
@@ -236,7 +236,7 @@ def test_jsq_dropped_departures_heal(tmp_path: Path) -> None:
         assert nodes.total("lbtestbed_node_tasks") == 0
         dropped = faulted(nodes, disp, "drop", "departure")
         assert dropped > 0, "the fault hit nothing"
-        short = disp.by("lbtestbed_dispatcher_policy_state", "quantity")["idle_nodes"]
+        short = disp.policy_state()["idle_nodes"]
         assert short < JSQ_N, f"every node looked idle at the drain ({dropped:g} dropped)"
         switch(f, 0, False)
 
@@ -269,7 +269,7 @@ def test_slta_dropped_tokens_and_epoch_answers_heal(tmp_path: Path) -> None:
         tmp_path,
         text + fault("drop", ["token_departure", "token_epoch"], SLTA_ON, SLTA_D, "fraction = 1.0\n"),
     )
-    before: dict[str, float] = {}
+    before: dict[str, Any] = {}
 
     def on() -> None:
         before.update(gauges(dispatcher))
@@ -286,7 +286,7 @@ def test_slta_dropped_tokens_and_epoch_answers_heal(tmp_path: Path) -> None:
         nodes, disp = scrape(hosts), scrape([dispatcher])
         assert nodes.total("lbtestbed_node_tasks") == 0
         assert faulted(nodes, disp, "drop", "token_departure") > 0
-        state = disp.by("lbtestbed_dispatcher_policy_state", "quantity")
+        state = disp.policy_state()
         assert state["slta_r"] > before["slta_r"], (before, state)  # r moved during the fault
         assert state["slta_unanswered_epochs"] > 0, state
         assert faulted(nodes, disp, "drop", "token_epoch") > 0
@@ -299,7 +299,7 @@ def test_slta_dropped_tokens_and_epoch_answers_heal(tmp_path: Path) -> None:
 
         wait_until(healed, HEAL, "no unanswered epoch and the green tokens of empty pools")
         disp = scrape([dispatcher])
-        state = disp.by("lbtestbed_dispatcher_policy_state", "quantity")
+        state = disp.policy_state()
         assert disp.total("lbtestbed_dispatcher_messages_resent_total", kind="epoch") > 0
         assert scrape(hosts).total("lbtestbed_node_tasks") == 0
         # nothing routed after the drain: r is what it was then, and some class has pools with tokens
@@ -307,13 +307,13 @@ def test_slta_dropped_tokens_and_epoch_answers_heal(tmp_path: Path) -> None:
         all_completed(report, disp)
 
 
-def green(state: dict[str, float]) -> dict[str, float]:
-    return {c: state[f"slta_green_tokens:{c}"] for c in SLTA_CLASSES}
+def green(state: dict[str, Any]) -> dict[str, float]:
+    return {c: state["slta_green_tokens"][c] for c in SLTA_CLASSES}
 
 
-def expected_green(state: dict[str, float]) -> dict[str, float]:
+def expected_green(state: dict[str, Any]) -> dict[str, float]:
     """Every pool empty: a class-i pool holds a green token iff 0 < l_i(r) (the threshold gauges)."""
-    return {c: float(count if state[f"slta_threshold:{c}"] > 0 else 0) for c, count in SLTA_CLASSES.items()}
+    return {c: float(count if state["slta_threshold"][c] > 0 else 0) for c, count in SLTA_CLASSES.items()}
 
 
 # ============================================================================ 5. the dispatcher restarts

@@ -1096,9 +1096,9 @@ def test_least_request_counts_tasks_in_flight() -> None:
     first = [world.arrive() for _ in range(3)]
     assert sorted(r.node for r in first) == [0, 1, 2]
     assert all(r.outcome == "sampled" and not r.messages for r in first)
-    assert disp.gauges() == {"tasks_in_flight": 3.0}
+    assert disp.gauges() == {"pending_tasks": 3.0}
     disp.on_task_done(1, 0.0)
-    assert disp.gauges() == {"tasks_in_flight": 2.0}
+    assert disp.gauges() == {"pending_tasks": 2.0}
     assert world.arrive().node == 1
     disp.on_task_done(2, 0.0)
     assert world.arrive().node == 2
@@ -1111,7 +1111,7 @@ def test_least_request_never_picks_the_busiest_of_two() -> None:
     disp = world.disp
     while (k := world.arrive().node) != 0:
         world.depart(k)  # the completion passes back through the dispatcher
-    assert disp.gauges() == {"tasks_in_flight": 1.0}
+    assert disp.gauges() == {"pending_tasks": 1.0}
     counts = world.frequencies(1500)
     assert counts[0] == 0
     assert_uniform(counts, [1, 2])
@@ -1160,10 +1160,11 @@ def test_jiq_tokens_are_not_duplicated(tie_break: str) -> None:
     drain(world)
     for k in (5, 5, 5, 1):  # node 5 (slow) announces itself three times, then node 1 (mid)
         world.disp.on_message(Message("idle_token", k, (1,), 0))
-    assert world.disp.gauges() == {"idle_tokens": 2.0, "jiq_stale_tokens": 2.0}  # two duplicates dropped
+    # two duplicates dropped
+    assert world.disp.gauges() == {"idle_tokens": 2.0, "jiq_stale_tokens_total": 2.0}
     assert sorted(world.arrive().node for _ in range(2)) == [1, 5]
     assert world.arrive().outcome == "random"
-    assert world.disp.gauges() == {"idle_tokens": 0.0, "jiq_stale_tokens": 2.0}
+    assert world.disp.gauges() == {"idle_tokens": 0.0, "jiq_stale_tokens_total": 2.0}
 
 
 def test_jiq_longest_idle_is_fifo() -> None:

@@ -690,11 +690,11 @@ def test_jiq_stale_and_duplicate_tokens_are_dropped_and_counted() -> None:
     net.depart(4)
     net.deliver(0, keep=True)
     net.deliver(0)  # a duplicate
-    assert net.disp.gauges() == {"idle_tokens": 1.0, "jiq_stale_tokens": 1.0}
+    assert net.disp.gauges() == {"idle_tokens": 1.0, "jiq_stale_tokens_total": 1.0}
     assert net.arrive() == 4
     net.to_disp.append(Message("idle_token", 4, (1,), 0))  # that token again, after it was used
     net.deliver(0)
-    assert net.disp.gauges() == {"idle_tokens": 0.0, "jiq_stale_tokens": 2.0}
+    assert net.disp.gauges() == {"idle_tokens": 0.0, "jiq_stale_tokens_total": 2.0}
 
 
 def test_jiq_an_overtaken_token_does_not_come_back() -> None:
@@ -710,7 +710,7 @@ def test_jiq_an_overtaken_token_does_not_come_back() -> None:
     net.deliver(1)
     assert net.arrive() == 0
     net.deliver(0)
-    assert net.disp.gauges() == {"idle_tokens": 0.0, "jiq_stale_tokens": 1.0}
+    assert net.disp.gauges() == {"idle_tokens": 0.0, "jiq_stale_tokens_total": 1.0}
 
 
 def test_jiq_token_used_by_a_task_that_never_ran_comes_back() -> None:

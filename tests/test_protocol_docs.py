@@ -30,7 +30,7 @@ from aiohttp import web
 from lbtestbed.dispatcher.app import build_app as build_dispatcher_app
 from lbtestbed.dispatcher.host import DispatcherHost
 from lbtestbed.model.experiment import Experiment
-from lbtestbed.policies import DISPATCHER_BOUND, DISPATCHERS, MESSAGE_KINDS, NODE_BOUND
+from lbtestbed.policies import CATALOG, DISPATCHER_BOUND, DISPATCHERS, MESSAGE_KINDS, NODE_BOUND
 from lbtestbed.policies.jlmu import ranking_of
 from lbtestbed.policies.slta import Thresholds
 from lbtestbed.server_node.app import build_app as build_node_app
@@ -231,6 +231,25 @@ def test_protocol_md_accepted_kinds_are_the_bound_kinds() -> None:
     assert dispatcher == kinds_by_policy(DISPATCHER_BOUND)
 
 
+def test_protocol_md_policy_state_is_what_the_policies_declare() -> None:
+    """The table of "Policy state": a row per quantity some policy exports (``unit.Quantity``), with its
+    type, its label and the policies that export it."""
+    rows = re.findall(
+        r"^\| `(\w+)` \| (gauge|counter) \| ([^|]+) \| ([^|]+) \|",
+        protocol_md_section("### Policy state"),
+        re.M,
+    )
+    documented = {
+        metric: (kind, label.strip().strip("`"), set(re.findall(r"`(\w+)`", policies)))
+        for metric, kind, label, policies in rows
+    }
+    declared = {
+        q.metric: (q.kind, q.label or "—", {p.name for p in CATALOG if q in p.exported})
+        for q in CATALOG.quantities().values()
+    }
+    assert documented == declared
+
+
 # --------------------------------------------------------------------------------------------- (d) live
 
 
@@ -241,10 +260,8 @@ def documented_metrics(title: str) -> set[str]:
 
 
 def exported_metrics(text: str) -> set[str]:
-    """Metric family names in a text exposition, without the ``_created`` gauge of each histogram."""
-    families = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
-    histograms = {name for name, kind in families.items() if kind == "histogram"}
-    return {n for n in families if not (n.endswith("_created") and n.removesuffix("_created") in histograms)}
+    """Metric family names in a text exposition (no page has ``_created`` series: docs/protocol.md)."""
+    return set(re.findall(r"^# TYPE (\S+) \S+$", text, re.M))
 
 
 class Caller:
@@ -470,9 +487,10 @@ async def test_live_answers_follow_the_documents(doc: dict[str, Any]) -> None:
             empty |= {"keyed_ages": {}, "time_scale": 0.01}
             assert status == 200 and timings == empty
             status, text = await call(disp, "GET", "/metrics")
-            # a JIQ dispatcher: every documented family but SLTA's own integral of r
+            # a JIQ dispatcher: every documented family but SLTA's own integral of r, and JIQ's state
             slta_only = {"lbtestbed_dispatcher_slta_r_model_seconds_total"}
-            assert exported_metrics(text) == documented_metrics("### Dispatcher") - slta_only
+            jiq_state = {q.metric for q in CATALOG["jiq"].exported}
+            assert exported_metrics(text) == documented_metrics("### Dispatcher") - slta_only | jiq_state
             status, text = await call(nodes, "GET", "/metrics")
             assert exported_metrics(text) == documented_metrics("### Node host")
 

@@ -4,7 +4,7 @@ from its core at scrape time (docs/protocol.md, "Dispatcher metrics")."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -14,6 +14,9 @@ from lbtestbed.dispatcher.core import LEGS, OUTCOMES, OWN_REFUSALS, DispatcherCo
 from lbtestbed.dispatcher.health import Health
 from lbtestbed.model.clock import ModelClock
 from lbtestbed.model.experiment import Experiment
+from lbtestbed.policies import policy_of
+from lbtestbed.policies.base import State
+from lbtestbed.policies.unit import Quantity
 from lbtestbed.transport.metrics import (
     WALL_BUCKETS,
     Histogram,
@@ -26,13 +29,14 @@ from lbtestbed.transport.metrics import (
     standard_collectors,
     time_scale_gauge,
 )
+from lbtestbed.transport.registry import Registry
 
 
 class DispatcherMetrics:
     """The registry of a dispatcher's ``/metrics`` and the histograms its core observes into."""
 
     def __init__(self, exp: Experiment, clock: ModelClock) -> None:
-        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry: CollectorRegistry = Registry()  # no _created series (transport.registry)
         standard_collectors(self.registry)  # process CPU, memory, descriptors, GC
         self.sojourn = Histogram(
             "lbtestbed_dispatcher_sojourn_model_seconds",
@@ -102,20 +106,31 @@ class _DispatcherCollector(Collector):
         ):
             yield counters_by_kind(name, doc, counts)
         yield gauge("lbtestbed_dispatcher_tasks_in_flight", "Tasks forwarded and not done", core.in_flight)
-        state = GaugeMetricFamily(
-            "lbtestbed_dispatcher_policy_state",
-            "Policy state: what the policy learns, its tokens, its picture's idle nodes, ...",
-            labels=["quantity"],
-        )
-        for quantity, amount in sorted(core.policy.gauges().items()):
-            state.add_metric([quantity], amount)
-        yield state
+        yield from _policy_state(policy_of(core.exp).exported, core.policy.gauges())
         yield from _integrals(core, time.monotonic())
         yield time_scale_gauge(core.clock.time_scale)
         yield from _health_metrics(core.health)
         yield message_faults_metric(core.faults, "dispatcher")
         yield from _refusals_and_ejections(core)
         yield from self.listener()
+
+
+def _policy_state(declared: Sequence[Quantity], values: State) -> Iterator[Metric]:
+    """A family per quantity the policy exports (``unit.Quantity``), with the values its side gives."""
+    for q in declared:
+        family: CounterMetricFamily | GaugeMetricFamily
+        labels = [q.label] if q.label is not None else None
+        if q.kind == "counter":
+            family = CounterMetricFamily(q.metric, q.help, labels=labels)
+        else:
+            family = GaugeMetricFamily(q.metric, q.help, labels=labels)
+        value = values[q.name]
+        if isinstance(value, dict):
+            for at, v in sorted(value.items()):
+                family.add_metric([at], v)
+        else:
+            family.add_metric([], value)
+        yield family
 
 
 def _integrals(core: DispatcherCore, now: float) -> Iterator[Metric]:

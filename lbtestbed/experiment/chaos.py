@@ -32,7 +32,7 @@ from typing import Any
 
 import psutil
 
-from lbtestbed.analysis.measurement.scrape import Snapshot, scrape
+from lbtestbed.analysis.measurement.scrape import ProcessSamples, Snapshot, scrape
 from lbtestbed.cluster.launcher import Cluster, split_nodes
 from lbtestbed.dispatcher.health import FIRST_CONTACT
 from lbtestbed.experiment.runner import measure
@@ -141,19 +141,22 @@ async def _read(urls: Sequence[str]) -> Snapshot:
         return await scrape(session, urls, time.monotonic(), missing_ok=True)
 
 
-def pictures_of(urls: Sequence[str]) -> list[dict[str, float]]:
-    """Each dispatcher's picture: its nodes up, and its policy's state gauges (-1 when it does not
-    answer)."""
+def pictures_of(exp: Experiment, urls: Sequence[str]) -> list[dict[str, float]]:
+    """Each dispatcher's picture: its nodes up (-1 when it does not answer), and the quantities without a
+    label that its policy exports, by name."""
     snap = asyncio.run(_read(urls))
     out = []
     for url in urls:
         proc = snap.processes.get(url)
-        if proc is None:
-            out.append({"nodes_up": -1.0})
-            continue
-        state = {q: v for (q,), v in proc.by("lbtestbed_dispatcher_policy_state", "quantity").items()}
-        out.append({"nodes_up": proc.value("lbtestbed_dispatcher_nodes_up"), **state})
+        out.append({"nodes_up": -1.0} if proc is None else picture(exp, proc))
     return out
+
+
+def picture(exp: Experiment, proc: ProcessSamples) -> dict[str, float]:
+    """A dispatcher's picture from its page: its nodes up, and the quantities without a label that its
+    policy exports, by name."""
+    state = {q.name: proc.value(q.metric) for q in policy_of(exp).exported if q.label is None}
+    return {"nodes_up": proc.value("lbtestbed_dispatcher_nodes_up"), **state}
 
 
 def healed(exp: Experiment, pictures: Sequence[dict[str, float]]) -> bool:
@@ -183,10 +186,10 @@ def run_chaos(exp: Experiment, directory: Path, node_processes: int, say: Say) -
         m = asyncio.run(measure(exp, f, tasks, say, cluster_path=path))
         urls = [d.url for d in f.dispatchers]
         began = time.monotonic()
-        pictures = pictures_of(urls)
+        pictures = pictures_of(exp, urls)
         while not healed(exp, pictures) and time.monotonic() - began < HEAL_WITHIN:
             time.sleep(0.2)
-            pictures = pictures_of(urls)
+            pictures = pictures_of(exp, urls)
         heal = time.monotonic() - began
         say(f"healed in {heal:.2f} s" if healed(exp, pictures) else f"not healed after {heal:.1f} s")
         busy = asyncio.run(_read([h.url for h in f.node_hosts])).value("lbtestbed_node_tasks")

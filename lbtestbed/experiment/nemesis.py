@@ -49,7 +49,7 @@ import psutil
 
 from lbtestbed.analysis.measurement.scrape import Snapshot
 from lbtestbed.cluster.launcher import Cluster, split_nodes, started
-from lbtestbed.experiment.chaos import faults_toml, healed
+from lbtestbed.experiment.chaos import faults_toml, healed, picture
 from lbtestbed.experiment.fault_injector import check
 from lbtestbed.experiment.run_record import RunRecord
 from lbtestbed.experiment.runner import measure
@@ -472,7 +472,7 @@ def _counters(
         same = (
             a is not None
             and b is not None
-            and a.value("lbtestbed_node_incarnation") == b.value("lbtestbed_node_incarnation")
+            and a.value("process_start_time_seconds") == b.value("process_start_time_seconds")
         )
         if not (same and _served_through(outcome.outages, f"nodes-{j}", sch, end)):
             continue
@@ -494,10 +494,8 @@ def _healed(exp: Experiment, snap: Snapshot) -> list[str]:
         return [f"{', '.join(snap.missing)} did not answer at the boundary"]
     pictures = []
     for proc in snap.processes.values():
-        if proc.value("lbtestbed_node_incarnation") > 0:
-            continue
-        state = {q: v for (q,), v in proc.by("lbtestbed_dispatcher_policy_state", "quantity").items()}
-        pictures.append({"nodes_up": proc.value("lbtestbed_dispatcher_nodes_up"), **state})
+        if any(name == "lbtestbed_dispatcher_nodes_up" for name, _, _ in proc.samples):  # a dispatcher's page
+            pictures.append(picture(exp, proc))
     problems = [] if healed(exp, pictures) else [f"the pictures {pictures} are not the nodes' truth"]
     held = snap.value("lbtestbed_node_tasks")
     return problems + ([f"the nodes still held {held:g} tasks"] if held else [])

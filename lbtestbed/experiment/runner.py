@@ -119,7 +119,7 @@ async def _sample_r(
     while True:
         with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError, ScrapeError):
             snap = await scrape(session, [url], origin, timeout=1.0)
-            r = snap.by("lbtestbed_dispatcher_policy_state", "quantity").get((quantity,))
+            r = snap.by(f"lbtestbed_dispatcher_{quantity}").get(())
             if r is not None:
                 out.append((snap.at / scale, r))
                 if record is not None:

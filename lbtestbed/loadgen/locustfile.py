@@ -55,7 +55,6 @@ from locust import FastHttpUser, LoadTestShape, User, events, task
 from locust.env import Environment
 from locust.exception import StopUser
 from locust.runners import STATE_INIT, MasterRunner, WorkerRunner
-from prometheus_client import CollectorRegistry
 
 from lbtestbed.loadgen.metrics import LoadCollector, MetricsServer
 from lbtestbed.loadgen.openloop import LATE, LoadReport
@@ -72,6 +71,7 @@ from lbtestbed.loadgen.shares import failed_part, merged, part, share, worker_ro
 from lbtestbed.model.workload import PoissonWorkload
 from lbtestbed.spec import load_spec
 from lbtestbed.transport.metrics import sojourn_buckets, standard_collectors
+from lbtestbed.transport.registry import Registry
 from lbtestbed.transport.wire import PREFIX
 
 JSON_BODY = {"Content-Type": "application/json"}
@@ -354,7 +354,7 @@ class _CurrentRun:
 def _serve_metrics(port: int) -> None:
     """``--lbt-metrics-port``: the series of ``lbt load --metrics-port`` on 127.0.0.1:PORT (0: a free one),
     from a thread (a greenlet under gevent's patching)."""
-    registry = CollectorRegistry(auto_describe=False)
+    registry = Registry()
     registry.register(_CurrentRun())
     standard_collectors(registry)
     server = MetricsServer(registry, port)

@@ -26,6 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from lbtestbed.loadgen.openloop import LATE, OUTCOMES, LoadReport
 from lbtestbed.transport.metrics import standard_collectors, time_scale_gauge
+from lbtestbed.transport.registry import Registry
 
 #: wall seconds; 0.002 is LATE, so that ``_count - _bucket{le="0.002"}`` is the summary's late sends
 LATENESS_BUCKETS = (0.0005, 0.001, LATE, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -184,7 +185,7 @@ class LoadCollector:
 
 def registry_for(collector: LoadCollector) -> CollectorRegistry:
     """A registry of its own with the run's collector and the standard ones."""
-    registry = CollectorRegistry(auto_describe=False)
+    registry = Registry()
     registry.register(collector)
     standard_collectors(registry)
     return registry

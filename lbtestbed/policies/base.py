@@ -15,6 +15,9 @@ from typing import Any, ClassVar, NamedTuple
 from lbtestbed.model.experiment import Experiment
 
 NO_MESSAGES: tuple[Message, ...] = ()
+#: a dispatcher side's state as it exports it, by quantity (``unit.Quantity``): a number, or a number per
+#: value of the quantity's label
+State = dict[str, "float | dict[str, float]"]
 
 
 class Message(NamedTuple):
@@ -90,8 +93,10 @@ class DispatcherSide:
         """The task routed to ``node`` never ran there (refused, or lost with the node): undo its count.
         Called after ``on_task_done`` for the same task."""
 
-    def gauges(self) -> dict[str, float]:
-        """Policy state worth exporting (token counts, thresholds)."""
+    def gauges(self) -> State:
+        """The values of the quantities its policy exports (``unit.Policy.exported``: token counts,
+        thresholds, what it learns), by name: each a number, or for a quantity with a label a number per
+        label value (``{"class": ...}``'s class names, say)."""
         return {}
 
     def learned_value(self) -> float:

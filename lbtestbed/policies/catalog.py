@@ -16,7 +16,7 @@ from pathlib import Path
 
 from lbtestbed.model.experiment import Experiment, PolicyParams
 from lbtestbed.policies.base import DispatcherSide, NodeSide
-from lbtestbed.policies.unit import Learned, Policy
+from lbtestbed.policies.unit import Learned, Policy, Quantity
 
 
 class Catalog:
@@ -53,6 +53,16 @@ class Catalog:
     def learned(self) -> tuple[Learned, ...]:
         """Every quantity some policy learns, in name order (each a metric of every result)."""
         return tuple(p.learned for p in self.policies if p.learned is not None)
+
+    def quantities(self) -> dict[str, Quantity]:
+        """Every quantity some policy exports, by name (one metric family of the dispatchers'); two
+        policies that export the same name declare the same quantity."""
+        out: dict[str, Quantity] = {}
+        for p in self.policies:
+            for q in p.exported:
+                if out.setdefault(q.name, q) != q:
+                    raise ValueError(f"two policies export {q.name!r} differently: {out[q.name]} and {q}")
+        return out
 
     def message_id(self) -> dict[str, tuple[int, ...]]:
         """Per message kind, the positions of its data that name the event which made it."""

@@ -28,10 +28,18 @@ from typing import Any, ClassVar
 
 from lbtestbed.model.experiment import Experiment, NodeClass, PolicyParams
 from lbtestbed.model.reader import TableReader
-from lbtestbed.policies.base import NO_MESSAGES, DispatcherSide, Message, NodeSide, Route, sample_distinct
+from lbtestbed.policies.base import (
+    NO_MESSAGES,
+    DispatcherSide,
+    Message,
+    NodeSide,
+    Route,
+    State,
+    sample_distinct,
+)
 from lbtestbed.policies.jsq import TIE_BREAKS
 from lbtestbed.policies.structures import SpeedBuckets, TokenSet
-from lbtestbed.policies.unit import SENDS, MessageCost, Policy, theory_doc
+from lbtestbed.policies.unit import SENDS, MessageCost, Policy, Quantity, theory_doc
 
 
 @dataclass(frozen=True)
@@ -192,8 +200,8 @@ class JIQDispatcher(DispatcherSide):
             self._drop(node)
         return NO_MESSAGES
 
-    def gauges(self) -> dict[str, float]:
-        return {"idle_tokens": float(len(self.tokens)), "jiq_stale_tokens": float(self.stale_tokens)}
+    def gauges(self) -> State:
+        return {"idle_tokens": float(len(self.tokens)), "jiq_stale_tokens_total": float(self.stale_tokens)}
 
 
 class IdleTokenSender(NodeSide):
@@ -260,6 +268,17 @@ class JIQ(Policy):
     kinds = ("idle_token", "token_probe", "token_count")
     node_bound = ("token_count",)
     message_id: ClassVar[Mapping[str, tuple[int, ...]]] = {"token_count": (0,)}  # the round it answers
+    exported = (
+        Quantity(
+            "idle_tokens",
+            "Idle tokens this dispatcher holds: nodes that said they were idle and had no task from it since",
+        ),
+        Quantity(
+            "jiq_stale_tokens_total",
+            "Idle tokens dropped as outdated: duplicates, or overtaken by a later token of the same node",
+            "counter",
+        ),
+    )
     picture = "idle_tokens"
     picture_split = True
 

@@ -17,11 +17,11 @@ from typing import Any, ClassVar
 
 from lbtestbed.model.experiment import Experiment, NodeClass
 from lbtestbed.model.reader import TableReader
-from lbtestbed.policies.base import Route
+from lbtestbed.policies.base import Route, State
 from lbtestbed.policies.jsq import CountingDispatcher, CountingParams, DepartureNotifier, notice_cost
 from lbtestbed.policies.ranking import Ranking
 from lbtestbed.policies.structures import LevelIndex
-from lbtestbed.policies.unit import MessageCost, Policy
+from lbtestbed.policies.unit import MessageCost, Policy, Quantity
 
 #: the order of the slot ranking's ties (docs/theory.md, "Slots and their ranking"): class, then level, or
 #: level, then class
@@ -99,11 +99,9 @@ class JLMUDispatcher(CountingDispatcher):
             lv.increment(node)
         return Route(node, "jlmu")
 
-    def gauges(self) -> dict[str, float]:
-        return {
-            f"min_occupancy_{self.exp.classes[i].name}": float(lv.min_level)
-            for i, lv in enumerate(self.classes)
-        }
+    def gauges(self) -> State:
+        names = [c.name for c in self.exp.classes]
+        return {"jlmu_min_occupancy": {names[i]: float(lv.min_level) for i, lv in enumerate(self.classes)}}
 
 
 class JLMU(Policy):
@@ -119,6 +117,13 @@ class JLMU(Policy):
         "departure": (0, 1, 3),
         "arrival": (0, 1, 3),
     }  # (arrived, departed), a full view's event
+    exported = (
+        Quantity(
+            "jlmu_min_occupancy",
+            "The fewest tasks a pool of the class holds in this dispatcher's picture (its best open slot)",
+            label="class",
+        ),
+    )
 
     def messages(self, exp: Experiment) -> MessageCost:
         return notice_cost(exp)

@@ -33,9 +33,9 @@ from typing import Any, ClassVar
 
 from lbtestbed.model.experiment import Experiment, NodeClass, PolicyParams
 from lbtestbed.model.reader import TableReader
-from lbtestbed.policies.base import NO_MESSAGES, DispatcherSide, Message, NodeSide, Route
+from lbtestbed.policies.base import NO_MESSAGES, DispatcherSide, Message, NodeSide, Route, State
 from lbtestbed.policies.structures import LevelIndex
-from lbtestbed.policies.unit import MessageCost, Policy
+from lbtestbed.policies.unit import MessageCost, Policy, Quantity
 
 #: JSQ's tie-breaking rules among the nodes with the fewest tasks (module docstring)
 TIE_BREAKS = ("random", "fastest", "slowest", "longest_idle", "fastest_idle")
@@ -221,7 +221,7 @@ class JSQDispatcher(CountingDispatcher):
             lv.increment(k)
         return Route(k, "idle" if low == 0 else "busy")
 
-    def gauges(self) -> dict[str, float]:
+    def gauges(self) -> State:
         return {"idle_nodes": float(len(self.levels.buckets[0]))}
 
 
@@ -277,6 +277,9 @@ class JSQ(Policy):
         "departure": (0, 1, 3),
         "arrival": (0, 1, 3),
     }  # (arrived, departed), a full view's event
+    exported = (
+        Quantity("idle_nodes", "Nodes idle in this dispatcher's picture (it counts no task at them)"),
+    )
     picture = "idle_nodes"
 
     def messages(self, exp: Experiment) -> MessageCost:

@@ -24,8 +24,8 @@ from typing import Any
 
 from lbtestbed.model.experiment import Experiment, NodeClass, PolicyParams
 from lbtestbed.model.reader import TableReader
-from lbtestbed.policies.base import DispatcherSide, Probe, Route, sample_distinct
-from lbtestbed.policies.unit import SENDS, Curve, MessageCost, Policy
+from lbtestbed.policies.base import DispatcherSide, Probe, Route, State, sample_distinct
+from lbtestbed.policies.unit import SENDS, Curve, MessageCost, Policy, Quantity
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ class MemoryDispatcher(DispatcherSide):
         super().on_node_down(node)
         self.memory = tuple(k for k in self.memory if k != node)
 
-    def gauges(self) -> dict[str, float]:
+    def gauges(self) -> State:
         return {"remembered_nodes": float(len(self.memory))}
 
 
@@ -102,6 +102,7 @@ class PowerOfDMemory(Policy):
     dispatcher = MemoryDispatcher
     kinds = ("probe", "probe_reply")
     frontier = (Curve("JSQ(d) with memory m = 1", "d", (1, 2, 3), {"m": 1}),)
+    exported = (Quantity("remembered_nodes", "Nodes in the memory: the least loaded of the last probe"),)
 
     def messages(self, exp: Experiment) -> MessageCost:
         assert isinstance(exp.policy, MemoryParams)

@@ -25,7 +25,8 @@ from typing import Any
 
 from lbtestbed.model.experiment import Experiment, NodeClass, PolicyParams
 from lbtestbed.model.reader import TableReader
-from lbtestbed.policies.base import DispatcherSide, Message, Route, sample_distinct
+from lbtestbed.policies.base import DispatcherSide, Message, Route, State, sample_distinct
+from lbtestbed.policies.sampling import PENDING_TASKS
 from lbtestbed.policies.unit import Policy
 
 #: Finagle's ``Penalty``, Long.MaxValue >> 16 nanoseconds, in (model) seconds
@@ -103,8 +104,8 @@ class PeakEwmaDispatcher(DispatcherSide):
             self.pending[node] = 0
         return super().on_node_up(node, report, fresh)
 
-    def gauges(self) -> dict[str, float]:
-        return {"tasks_in_flight": float(sum(self.pending))}
+    def gauges(self) -> State:
+        return {"pending_tasks": float(sum(self.pending))}
 
 
 class PeakEwma(Policy):
@@ -112,6 +113,7 @@ class PeakEwma(Policy):
     summary = "P2C on Peak-EWMA latency estimates times tasks in flight (Finagle, Linkerd)"
     params = PeakEwmaParams
     dispatcher = PeakEwmaDispatcher
+    exported = (PENDING_TASKS,)
 
 
 POLICIES = (PeakEwma(),)

@@ -46,8 +46,16 @@ from typing import Any, ClassVar
 
 from lbtestbed.model.experiment import MAX_NODES, Experiment, NodeClass, PolicyParams
 from lbtestbed.model.reader import TableReader
-from lbtestbed.policies.base import NO_MESSAGES, DispatcherSide, Message, NodeSide, Route, sample_distinct
-from lbtestbed.policies.unit import SENDS, Curve, MessageCost, Policy
+from lbtestbed.policies.base import (
+    NO_MESSAGES,
+    DispatcherSide,
+    Message,
+    NodeSide,
+    Route,
+    State,
+    sample_distinct,
+)
+from lbtestbed.policies.unit import SENDS, Curve, MessageCost, Policy, Quantity
 
 
 @dataclass(frozen=True)
@@ -289,11 +297,11 @@ class PrequalDispatcher(DispatcherSide):
         if self.live.set_down(node):
             self.pool.pop(node, None)  # route nothing to it; its replies are ignored while it is down
 
-    def gauges(self) -> dict[str, float]:
-        out = {"prequal_pool_probes": float(len(self.pool))}
-        for why, count in self.removed.items():
-            out[f"prequal_removed_{why}"] = float(count)
-        return out
+    def gauges(self) -> State:
+        return {
+            "prequal_pool_probes": float(len(self.pool)),
+            "prequal_probes_removed_total": {why: float(count) for why, count in self.removed.items()},
+        }
 
 
 class PrequalNode(NodeSide):
@@ -346,6 +354,16 @@ class Prequal(Policy):
         "prequal_probe": (0,),
         "prequal_reply": (0,),
     }  # the dispatcher's probe number
+    exported = (
+        Quantity("prequal_pool_probes", "Probe replies in the pool"),
+        Quantity(
+            "prequal_probes_removed_total",
+            "Probe replies removed from the pool, by reason: aged (older than max_age), used_up (reused "
+            "b_reuse times), worst and oldest (r_remove's removals in turn), full (a new reply's room)",
+            "counter",
+            "reason",
+        ),
+    )
 
     def messages(self, exp: Experiment) -> MessageCost:
         assert isinstance(exp.policy, PrequalParams)

@@ -19,12 +19,13 @@ from lbtestbed.policies.base import (
     Message,
     Probe,
     Route,
+    State,
     sample_distinct,
     sample_with_replacement,
 )
 from lbtestbed.policies.edf import EdfScheduler
 from lbtestbed.policies.jsq import TIE_BREAKS as JSQ_TIE_BREAKS
-from lbtestbed.policies.unit import SENDS, Curve, MessageCost, Policy
+from lbtestbed.policies.unit import SENDS, Curve, MessageCost, Policy, Quantity
 
 #: how power_of_d breaks ties among the sampled nodes holding the fewest tasks
 TIE_BREAKS = ("random", "fastest", "slowest")
@@ -284,8 +285,16 @@ class LeastRequestDispatcher(_Sampler):
             self._refresh()
         return out
 
-    def gauges(self) -> dict[str, float]:
-        return {"tasks_in_flight": float(sum(self.in_flight))}
+    def gauges(self) -> State:
+        return {"pending_tasks": float(sum(self.in_flight))}
+
+
+#: what least_request and peak_ewma export: the count their choice reads
+PENDING_TASKS = Quantity(
+    "pending_tasks",
+    "Tasks this dispatcher routed and has not had answered, as the policy counts them for its choice "
+    "(a restarted node's count starts again at 0)",
+)
 
 
 class PowerOfD(Policy):
@@ -308,6 +317,7 @@ class LeastRequest(Policy):
     summary = "Envoy's LEAST_REQUEST: P2C (or EDF by weight) over the dispatcher's own tasks in flight"
     params = LeastRequestParams
     dispatcher = LeastRequestDispatcher
+    exported = (PENDING_TASKS,)
 
 
 POLICIES = (PowerOfD(), LeastRequest())

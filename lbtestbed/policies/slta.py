@@ -78,11 +78,11 @@ from typing import Any, ClassVar
 
 from lbtestbed.model.experiment import Experiment, NodeClass
 from lbtestbed.model.reader import TableReader
-from lbtestbed.policies.base import NO_MESSAGES, DispatcherSide, Message, NodeSide, Route
+from lbtestbed.policies.base import NO_MESSAGES, DispatcherSide, Message, NodeSide, Route, State
 from lbtestbed.policies.jlmu import RANK_ORDERS, UtilityParams, ranking_of
 from lbtestbed.policies.ranking import Ranking
 from lbtestbed.policies.structures import TokenSet
-from lbtestbed.policies.unit import Learned, MessageCost, Policy, theory_doc
+from lbtestbed.policies.unit import Learned, MessageCost, Policy, Quantity, theory_doc
 
 Bits = tuple[bool, bool]
 
@@ -372,17 +372,16 @@ class SLTADispatcher(DispatcherSide):
     def learned_value(self) -> int:
         return self.r
 
-    def gauges(self) -> dict[str, float]:
-        out = {
+    def gauges(self) -> State:
+        names = [c.name for c in self.exp.classes]
+        ell = self.ranking.thresholds(self.r)
+        return {
             "slta_r": float(self.r),
             "slta_yellow_tokens": float(len(self.yellow)),
             "slta_unanswered_epochs": float(len(self.unsettled)),
+            "slta_green_tokens": {name: float(len(self.green[i])) for i, name in enumerate(names)},
+            "slta_threshold": {name: float(ell[i]) for i, name in enumerate(names)},
         }
-        ell = self.ranking.thresholds(self.r)
-        for i, c in enumerate(self.exp.classes):
-            out[f"slta_green_tokens:{c.name}"] = float(len(self.green[i]))
-            out[f"slta_threshold:{c.name}"] = float(ell[i])
-        return out
 
 
 class SLTANode(NodeSide):
@@ -499,6 +498,26 @@ class SLTA(Policy):
         "epoch": (0,),
     }
     learned = Learned("slta_r", "SLTA's learned index r")
+    exported = (
+        Quantity(
+            "slta_r",
+            "SLTA's learned index r now (the integral lbtestbed_dispatcher_slta_r_model_seconds_total gives "
+            "its exact time average)",
+        ),
+        Quantity(
+            "slta_green_tokens", "Green tokens in this dispatcher's picture, by pool class", label="class"
+        ),
+        Quantity("slta_yellow_tokens", "Yellow tokens in this dispatcher's picture"),
+        Quantity(
+            "slta_threshold",
+            "The threshold l_i(r) of each pool class: a pool of the class that holds fewer tasks is green",
+            label="class",
+        ),
+        Quantity(
+            "slta_unanswered_epochs",
+            "Pools told of the current epoch that have not answered: r does not decrease while it is above 0",
+        ),
+    )
     resends = ("epoch",)
 
     def messages(self, exp: Experiment) -> MessageCost:

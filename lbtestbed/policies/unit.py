@@ -13,9 +13,10 @@ the hosts, the pre-flight, the report and the theory read these declarations.
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from lbtestbed.model.experiment import Experiment, PolicyParams
 from lbtestbed.model.streams import node_random
@@ -68,6 +69,40 @@ class Learned:
     unit: str = "index"
 
 
+#: a dispatcher's family of quantity ``name`` is ``lbtestbed_dispatcher_<name>``
+DISPATCHER_PREFIX = "lbtestbed_dispatcher_"
+_METRIC_NAME = re.compile(r"[a-z][a-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class Quantity:
+    """One quantity of a policy's state that its dispatcher exports as a metric family of its own,
+    ``lbtestbed_dispatcher_<name>`` (docs/protocol.md, "Policy state"); ``DispatcherSide.gauges`` gives
+    its value.
+
+    Names follow Prometheus's conventions (https://prometheus.io/docs/practices/naming/): one family per
+    quantity, its unit last where it has one, a ``counter`` (a count that only grows while the process
+    lives) ending in ``_total``, a ``gauge`` not. ``label`` names the one dimension the quantity runs over
+    (``class``: a value per node class; ``reason``), if any: its value is then one number per label value,
+    and summing over them means something."""
+
+    name: str  # after the prefix, as PromQL reads it: "idle_tokens", "prequal_probes_removed_total"
+    help: str  # the family's help text
+    kind: Literal["gauge", "counter"] = "gauge"
+    label: str | None = None
+
+    def __post_init__(self) -> None:
+        if not _METRIC_NAME.fullmatch(self.name):
+            raise ValueError(f"quantity {self.name!r}: a metric name is lower case letters, digits and _")
+        if (self.kind == "counter") != self.name.endswith("_total"):
+            raise ValueError(f"quantity {self.name!r}: a counter's name ends in _total, a gauge's does not")
+
+    @property
+    def metric(self) -> str:
+        """The name PromQL reads (a counter's with ``_total``)."""
+        return DISPATCHER_PREFIX + self.name
+
+
 @dataclass(frozen=True)
 class Curve:
     """One way a policy trades messages for delay (``lbt frontier``): the policy run with ``fixed`` and each
@@ -97,11 +132,14 @@ class Policy:
     #: per kind, the positions of a message's data that name the event which made it (``wire.message_key``);
     #: a kind not listed is named by all its data
     message_id: ClassVar[Mapping[str, tuple[int, ...]]] = {}
-    #: the quantity its dispatcher side learns, if any
+    #: the quantities of its dispatcher side's state, each a metric family of the dispatcher's
+    #: (``DispatcherSide.gauges`` gives their values); the learned quantity and the picture are among them
+    exported: ClassVar[tuple[Quantity, ...]] = ()
+    #: the quantity its dispatcher side learns, if any (also the name of an exported gauge)
     learned: ClassVar[Learned | None] = None
     #: the kinds its dispatcher may send again when their answer is overdue (``DispatcherSide.resend``)
     resends: ClassVar[tuple[str, ...]] = ()
-    #: the dispatcher gauge that counts the idle nodes of its picture, if it keeps one (a healed picture
+    #: the exported gauge that counts the idle nodes of its picture, if it keeps one (a healed picture
     #: shows every idle node: experiment.chaos checks it), and whether the dispatchers split the idle nodes
     #: between them (each idle node's token is held by one) rather than each counting them all
     picture: ClassVar[str | None] = None

@@ -26,18 +26,18 @@ from lbtestbed.transport.metrics import (
     MessageAges,
     counter,
     counters_by_kind,
-    gauge,
     message_faults_metric,
     standard_collectors,
     time_scale_gauge,
 )
+from lbtestbed.transport.registry import Registry
 
 
 class NodeMetrics:
     """The registry of a node host's ``/metrics`` and the histograms its core observes into."""
 
     def __init__(self, exp: Experiment, clock: ModelClock) -> None:
-        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry: CollectorRegistry = Registry()  # no _created series (transport.registry)
         standard_collectors(self.registry)  # process CPU, memory, descriptors, GC
         self.lateness = Histogram(
             "lbtestbed_node_timer_lateness_seconds",
@@ -89,11 +89,6 @@ class NodeCollector(Collector):
         ):
             yield counters_by_kind(name, doc, counts)
         yield message_faults_metric(core.faults, "node")
-        yield gauge(
-            "lbtestbed_node_incarnation",
-            "When this process started (microseconds since the epoch)",
-            core.incarnation,
-        )
         yield counter(
             "lbtestbed_node_state_reports",
             "State reports served to the dispatchers' health checks",
