@@ -21,7 +21,13 @@ from typing import Any
 from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLES = ("jiq.toml", "slta_two_classes.toml", "scheme1_fig3.toml", "jsq_hetero_random.toml")
+EXAMPLES = (
+    "jiq.toml",
+    "slta_two_classes.toml",
+    "scheme1_fig3.toml",
+    "jsq_hetero_random.toml",
+    "sparse_feedback.toml",
+)
 
 #: pools with a table utility, a network delay table and every optional run key: what the examples omit
 EXTRA_SPEC: dict[str, Any] = {
@@ -154,6 +160,8 @@ TYPES: dict[str, frozenset[str]] = {
     "policy.beta": NUMBER,
     "policy.beta_scale": NUMBER,
     "policy.rank_order": frozenset({"string"}),
+    "policy.updates": frozenset({"string"}),
+    "policy.rate": NUMBER,
     "run": frozenset({"table"}),
     "run.warmup": NUMBER,
     "run.duration": NUMBER,
@@ -200,6 +208,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "network.delay.dist": ("deterministic", "exponential", "hyperexponential", "lognormal"),
     "policy.tie_break": ("random", "fastest", "slowest", "longest_idle", "fastest_idle"),
     "policy.rank_order": ("ij", "ji"),
+    "policy.updates": ("asynchronous", "synchronous"),
     "policy.name": (
         "random",
         "round_robin",
@@ -232,6 +241,7 @@ RANGES: dict[str, str | int] = {
     "policy.d[]": 1,
     "policy.beta": "positive",
     "policy.beta_scale": "positive",
+    "policy.rate": "positive",
     "run.warmup": "nonnegative",
     "run.duration": "positive",
     "run.time_scale": "positive",

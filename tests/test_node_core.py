@@ -254,3 +254,35 @@ def test_a_message_of_the_wrong_kind_or_for_another_node_is_a_400_naming_its_fie
     wrong = core.messages(0, {"messages": [{**token, "kind": "idle_token"}]}, T0 + 1.0)
     assert wrong.status == 400 and wrong.body["field"] == "messages[0].kind"
     assert rec.ages.seen == [] and sum(core.received.values()) == 0
+
+
+def test_a_node_sides_own_events_run_on_the_hosts_clock_then_on_the_runs_from_its_origin() -> None:
+    """sparse_jsq, synchronous, rate 0.5: two nodes at load 0.5 of speed 2 make Lambda = 1, delta = 0.5 *
+    1 / 2 = 1/4, T = 4. On the host's own clock (clock 0) the first updates are at 4; the run's model time 0
+    at the host's 2 (clock 1) moves them to 2 + 4 = 6, numbered (1, 1). A task of work 20 at 1 (done at 11)
+    makes node 0 report 1."""
+    exp = experiment({"name": "sparse_jsq", "updates": "synchronous", "rate": 0.5})
+    core, _ = started(exp)
+    assert core.take() == [Arm(0, 4.0), Arm(1, 4.0)]
+    admitted(core.arrive(0, {"work": 20.0}, 1.0))
+    assert core.take() == []  # the update at 4 comes before the completion at 11
+    core.set_origin(2.0, 1.5)
+    assert core.take() == [Arm(0, 6.0), Arm(1, 6.0)]
+    core.fire(0, 6.0)
+    update = Message("queue_update", 0, (1, 1, 1), 0)
+    assert core.take() == [Send(update, T0 + 6.0 * SCALE, 0.0), Arm(0, 10.0)]
+    assert core.state(7.0).body["reports"]["0"] == [1, 1, 1, 1]
+
+
+def test_a_late_own_event_reads_the_node_at_its_own_model_time() -> None:
+    """Node 1's update is due at 6 (as above) but its timer has not fired when a task arrives at 7: the
+    update goes first, stamped at 6 and reporting the node empty, then the task is admitted."""
+    exp = experiment({"name": "sparse_jsq", "updates": "synchronous", "rate": 0.5})
+    core, _ = started(exp)
+    core.set_origin(2.0, 0.0)
+    core.take()
+    admitted(core.arrive(1, {"work": 2.0}, 7.0))
+    actions = core.take()
+    assert actions[0] == Send(Message("queue_update", 1, (1, 1, 0), 0), T0 + 6.0 * SCALE, 0.0)
+    # the timer is for the next update at 10, then for the task's completion at 8, before it
+    assert actions[1:] == [Arm(1, 10.0), Arm(1, 8.0)]

@@ -85,6 +85,21 @@ CASES = {
     "power_of_d": (QUEUES, 'name = "power_of_d"\nd = 2', "mean_sojourn", 100.0, 0.3),
     # two dispatchers, each on the departures of its own tasks (docs/spec.md, dispatchers and split)
     "jsq_two_dispatchers": (QUEUES, 'name = "jsq"\ndispatchers = 2', "mean_sojourn", 100.0, 0.3),
+    # the nodes' own updates, at k T of the run's clock, to both dispatchers (docs/spec.md, "sparse_jsq")
+    "sparse_jsq_two_dispatchers": (
+        QUEUES,
+        'name = "sparse_jsq"\ndispatchers = 2\nupdates = "synchronous"\nrate = 0.5',
+        "mean_sojourn",
+        100.0,
+        0.3,
+    ),
+    "jiq_sparse_two_dispatchers": (
+        QUEUES,
+        'name = "jiq_sparse"\ndispatchers = 2\np = 0.5',
+        "mean_sojourn",
+        100.0,
+        0.3,
+    ),
 }
 
 

@@ -45,6 +45,9 @@ POLICIES = [
     (QUEUES, {"name": "power_of_d", "d": 2}),
     (QUEUES, {"name": "least_request", "d": 2}),
     (QUEUES, {"name": "jiq"}),
+    (QUEUES, {"name": "jiq_sparse", "p": 0.5, "dispatchers": 2}),
+    (QUEUES, {"name": "sparse_jsq", "rate": 0.5}),
+    (QUEUES, {"name": "sparse_jsq", "updates": "synchronous", "rate": 2.0, "dispatchers": 2}),
     (POOLS, {"name": "jlmu"}),
     (POOLS, {"name": "slta", "beta_scale": 1.0}),
 ]

@@ -280,8 +280,13 @@ async def measure(
         watch = Watch(exp, f, path, origin, say, note, local=local)
         if registry is not None and exp.faults:
             registry.register(FaultCollector(injector))
-        if speed_varies(exp) or any(fault.kind in GRAY_FAULTS for fault in exp.faults):
-            # the node hosts apply speed schedules, antagonists and gray faults on the run's clock
+        if (
+            speed_varies(exp)
+            or any(fault.kind in GRAY_FAULTS for fault in exp.faults)
+            or policy_of(exp).node.timed
+        ):
+            # the node hosts apply speed schedules, antagonists and gray faults on the run's clock, and run
+            # their node sides' own schedules on it (NodeSide.timed: sparse_jsq's updates)
             await injector.set_origin(session, origin_unix)  # within the lead-in, before the first task
         try:
             with _stopped_by_signals(stop) if signals else contextlib.nullcontext():

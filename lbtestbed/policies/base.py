@@ -8,6 +8,7 @@ dispatcher and server node through HTTP, so both count the same messages.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any, ClassVar, NamedTuple
@@ -156,6 +157,9 @@ class NodeSide:
     #: whether it wants ``on_served`` with the latency of each task its node served (Prequal's estimate);
     #: the drivers pay for keeping each task's arrival only when a node side asks
     records_latency: ClassVar[bool] = False
+    #: whether its node also speaks at times of its own choosing (``start_timer``, ``on_timer``): only then
+    #: do the drivers keep a timer for it, so that the policies without one cost nothing
+    timed: ClassVar[bool] = False
 
     def __init__(self, exp: Experiment, node: int, rng: random.Random, dispatchers: int = 1) -> None:
         self.node = node
@@ -189,6 +193,23 @@ class NodeSide:
         if msg.kind == "probe":
             return (Message("probe_reply", self.node, (self.probe_reply(x),), msg.dispatcher),)
         raise ValueError(f"node side does not expect {msg.kind!r} messages")
+
+    # ------------------------------------------------------------------ its own timer (``timed``)
+    # Times are model seconds on a *clock* the driver names: clock 1 is the run's (model time 0 when the run
+    # starts: the simulator's 0, and the origin ``lbt run`` posts to every node host), clock 0 a node host's
+    # own start before it hears the run's, clock n the n-th run's clock a node host hears. A node side's
+    # schedule is a function of its clock alone (its own seeded stream, drawn from the start), so that every
+    # driver runs the same schedule on the same clock.
+
+    def start_timer(self, clock: int, after: float) -> float:
+        """Start the node's own schedule afresh on ``clock``; the model time of its first event after
+        ``after`` (earlier ones are skipped: a node host that joins a run late), ``math.inf`` for none."""
+        return math.inf
+
+    def on_timer(self, t: float, x: int) -> tuple[tuple[Message, ...], float]:
+        """The node's own event at model time ``t`` of its clock, with ``x`` tasks present: the messages it
+        sends, and the model time of its next own event (``math.inf``: none)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no timer")
 
 
 def sample_distinct(rng: random.Random, n: int, d: int) -> tuple[int, ...]:

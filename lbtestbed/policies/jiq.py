@@ -50,7 +50,7 @@ class JIQParams(PolicyParams):
     tie_break: str = "random"
     d: int = 1
 
-    KEYS = ("tie_break", "d")
+    KEYS: ClassVar[tuple[str, ...]] = ("tie_break", "d")
 
     @classmethod
     def read(cls, r: TableReader, common: Mapping[str, Any], classes: Sequence[NodeClass]) -> JIQParams:

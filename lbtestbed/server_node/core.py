@@ -6,16 +6,22 @@ models run on; the shell reads it through its ``ModelClock``), and the monotonic
 duration is measured (a message's age). What the core wants done it says: a method's return value (a
 ``wire.Reply``; an ``Admitted`` task whose request waits for its completion) and the actions it leaves in
 ``outbox`` for the shell to carry out after the call: ``Arm`` node k's timer for model time t (its next
-completion or speed change), ``Completed`` (a task's request may answer), ``Send`` a state message, a
-``Note`` for the log. The shell (``server_node.host``) keeps the timers, waits for completions, sends,
-and stamps the instants; a unit test drives the core with a handful of events (tests/test_node_core.py).
+completion, speed change or event of its node side's own, ``NodeSide.timed``), ``Completed`` (a task's
+request may answer), ``Send`` a state message, a ``Note`` for the log. The shell (``server_node.host``)
+keeps the timers, waits for completions, sends, and stamps the instants; a unit test drives the core with a
+handful of events (tests/test_node_core.py).
 
 A task's request: ``arrive(k, body, now)`` (a ``Reply``: 400, 500 a fail fault, 503 the task limit; or
 ``Admitted``); when its timer fires on time, ``fire(k, t)`` completes it exactly at model time t, whatever
 the timer's error, and leaves ``Completed``; ``served(...)`` is the reply (``forget`` the task if its
-request went away first). Every event at a node first applies the departures and speed changes due by then
-(``_catch_up``), so that events apply in model-time order: a timer that fires late must not let a later
-arrival overtake the completion it stands for.
+request went away first). Every event at a node first applies the departures, speed changes and node-side
+events due by then (``_catch_up``), so that events apply in model-time order: a timer that fires late must
+not let a later arrival overtake the completion it stands for.
+
+A node side's own events (``NodeSide.timed``: sparse_jsq's queue updates) run on a clock: this host's own
+start (clock 0) until it hears the run's model time 0 (``set_origin``: clock 1, then 2, ... for later
+runs), where their schedule starts afresh, so that the node's events fall where the simulator and the twin
+put them (docs/spec.md, "`sparse_jsq`").
 """
 
 from __future__ import annotations
@@ -107,6 +113,14 @@ class NodeCore:
         self.records_latency = any(type(s).records_latency for s in self.sides.values())
         self.found: dict[int, int] = {}
         self.scheduled: dict[int, float] = {}  # the model time each node's timer is for
+        # node sides with events of their own (NodeSide.timed): the time of each one's next on its clock and
+        # on this host's, the number of the clock their schedules run on (0: this host's start, n: the n-th
+        # run's clock heard) and that clock's model time 0 on this host's
+        self.timed = [k for k in self.ids if type(self.sides[k]).timed]
+        self.own_next: dict[int, float] = {}
+        self.own_at: dict[int, float] = {}
+        self.timer_clock = 0
+        self.timer_offset = 0.0
         self.waiting: set[int] = set()  # tasks whose request waits for their completion
         self.task_ids = itertools.count(1)
         self.sent: Counter[str] = Counter()
@@ -141,6 +155,7 @@ class NodeCore:
                 exp.classes[c].discipline, exp.node_speeds[k], exp.classes[c].utility, 0.0
             )
             self.scheduled[k] = INF  # no timer: nothing to do
+        self._start_timers(0.0, 0.0)  # this host's own clock until it hears the run's (set_origin)
 
     def take(self) -> list[Action]:
         """The actions the calls so far have left, in order; the outbox is empty after."""
@@ -176,7 +191,20 @@ class NodeCore:
                 self.changes.setdefault(c.node, deque()).append((at, self.exp.node_speeds[c.node] * c.factor))
         for k in self.changes:
             self._catch_up(k, max(now, self.models[k].last))
+        if self.timed:
+            self.timer_clock += 1
+            self._start_timers(offset, now)
         return sum(len(q) for q in self.changes.values())
+
+    def _start_timers(self, offset: float, now: float) -> None:
+        """The node sides' own schedules afresh on the clock whose model time 0 is this host's ``offset``;
+        their events before ``now`` are skipped (NodeSide.start_timer)."""
+        self.timer_offset = offset
+        for k in self.timed:
+            self._catch_up(k, max(now, self.models[k].last))  # what is due on the old schedule happens first
+            self.own_next[k] = t = self.sides[k].start_timer(self.timer_clock, now - offset)
+            self.own_at[k] = t + offset
+            self._schedule(k)
 
     # ---------------------------------------------------------------------------------------- tasks
 
@@ -256,10 +284,12 @@ class NodeCore:
         self._catch_up(k, t)
 
     def _next_event(self, k: int) -> float:
-        """Model time of node k's next event: a completion, or a timed speed change."""
+        """Model time of node k's next event: a completion, a timed speed change or its own."""
         t = self.models[k].next_completion()
         changes = self.changes.get(k)
-        return min(t, changes[0][0]) if changes else t
+        if changes:
+            t = min(t, changes[0][0])
+        return min(t, self.own_at.get(k, INF)) if self.timed else t
 
     def _schedule(self, k: int) -> None:
         t = self._next_event(k)
@@ -272,19 +302,32 @@ class NodeCore:
         the speed changes due by then, in model-time order; then arm its timer for its next event."""
         model = self.models[k]
         changes = self.changes.get(k)
+        own_at = self.own_at
         while True:
             t = model.next_completion()
             change = changes[0][0] if changes else INF
-            if min(t, change) > now:
+            own = own_at.get(k, INF) if self.timed else INF
+            if min(t, change, own) > now:
                 break
             self.scheduled.pop(k, None)  # its timer stood for this event
-            if change <= t:
+            if change <= t and change <= own:
                 assert changes is not None
                 _, speed = changes.popleft()
                 model.set_speed(max(change, model.last), speed)
+            elif own < t:  # at equal times the departure first: the node side's event sees it gone
+                self._own_event(k, own)
             else:
                 self.complete(k, t)
         self._schedule(k)
+
+    def _own_event(self, k: int, t: float) -> None:
+        """Node k's own event (``NodeSide.on_timer``), due at model time ``t``: exactly then, whenever
+        the timer ran; its messages' ages run from that instant, as a departure's do."""
+        msgs, after = self.sides[k].on_timer(self.own_next[k], self.models[k].x)
+        self.own_next[k] = after
+        self.own_at[k] = after + self.timer_offset
+        if msgs:
+            self.send(msgs, self.clock.to_wall(t))
 
     def complete(self, k: int, t: float) -> None:
         """The departure scheduled at model time t: exactly then, whenever the timer ran."""

@@ -143,6 +143,7 @@ class NodeHost:
         t0 = time.monotonic()
         self.t0_unix = time.time()  # the same instant on the clock other processes (and machines) share
         self.core.start(ModelClock(self.scale, t0))
+        self.act()  # timers of node sides that speak on their own (NodeSide.timed)
         if self.origin:
             self.set_origin(self.origin, self.origin_monotonic)
 

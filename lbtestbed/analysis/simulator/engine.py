@@ -161,6 +161,8 @@ class Simulator:
         self.records_latency = any(type(s).records_latency for s in self.sides)
         self.at_node: dict[int, tuple[int, float]] = {}
         self.quiet_departure = all(type(s).on_departure is NodeSide.on_departure for s in self.sides)
+        # node sides that speak at times of their own (NodeSide.timed): events of their own, the others none
+        self.timed = [k for k, s in enumerate(self.sides) if type(s).timed]
         # dispatcher sides that do not want to hear of their tasks' ends are not told
         self.ignores_done = all(type(d).on_task_done is DispatcherSide.on_task_done for d in self.dispatchers)
 
@@ -172,6 +174,8 @@ class Simulator:
         instant = self._instant_probe()
         for c in self.speed_changes:
             self.schedule(c.at, self._speed_change, c.node, c.factor)
+        for k in self.timed:  # on the run's clock (NodeSide.start_timer): clock 1, from model time 0
+            self._own_event_at(k, self.sides[k].start_timer(1, 0.0))
         self.report_at = time.perf_counter() + 1.0
         for k, node in enumerate(self.nodes):
             node.index = k
@@ -452,6 +456,18 @@ class Simulator:
         dispatcher = self.dispatchers[task.origin]
         dispatcher.on_task_done(k, self.now - task.forwarded)
         dispatcher.on_task_failed(k)
+
+    def _own_event_at(self, k: int, t: float) -> None:
+        if t < INF:
+            self.schedule(t, self._own_event, k)
+
+    def _own_event(self, k: object, _: object) -> None:
+        """Node ``k``'s own event (its timer, ``NodeSide.on_timer``) is due now."""
+        assert isinstance(k, int)
+        msgs, after = self.sides[k].on_timer(self.now, self.nodes[k].x)
+        if msgs:
+            self.to_dispatcher(msgs)
+        self._own_event_at(k, after)
 
     def _speed_change(self, node: object, factor: object) -> None:
         assert isinstance(node, int) and isinstance(factor, float)

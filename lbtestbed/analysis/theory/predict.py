@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from fractions import Fraction
 
 from lbtestbed.analysis.results.result import METRICS, Result
-from lbtestbed.analysis.theory import dispatchers, finite, hetero_ps, queues, supermarket
+from lbtestbed.analysis.theory import dispatchers, finite, hetero_ps, queues, sparse_feedback, supermarket
 from lbtestbed.analysis.theory.fluid import warmup_needed
 from lbtestbed.analysis.theory.numeric import bisect
 from lbtestbed.analysis.theory.pools import (
@@ -29,8 +29,10 @@ from lbtestbed.model.experiment import Experiment
 from lbtestbed.policies import policy_of
 from lbtestbed.policies.hetero_ps import SchemeParams
 from lbtestbed.policies.jiq import JIQParams
+from lbtestbed.policies.jiq_sparse import SparseJIQParams, tokens_per_task
 from lbtestbed.policies.sampling import LeastRequestParams, PowerOfDParams, node_weights
 from lbtestbed.policies.slta import SLTAParams
+from lbtestbed.policies.sparse_jsq import SparseJSQParams
 
 #: metrics a queueing formula predicts together, and which fall together when it does not apply
 #: beyond this beta the load is too light for the Halfin-Whitt idle-count formula to mean anything
@@ -51,6 +53,7 @@ POOL_PAPER = "Goldsztajn et al. 2021 (arXiv 2112.08958)"
 PS_PAPER = "Mukhopadhyay et al. 2015 (arXiv 1502.05786)"
 POD_PAPER = "Fittipaldi et al. 2018 (arXiv 1809.05373)"
 HJSQ_PAPER = 'the heterogeneous-JSQ paper ("Load Balancing with Individually Heterogeneous Servers")'
+SPARSE_PAPER = "van der Boor, Borst and van Leeuwaarden 2019 (arXiv 1903.02337)"
 
 
 #: policies whose dispatchers, when there are several, each decide on their own partial view of the nodes
@@ -163,6 +166,8 @@ def predict(exp: Experiment) -> Result:
             _join_idle(exp, p)
         elif policy in ("scheme1", "scheme2"):
             _schemes(exp, p)
+        elif policy in ("sparse_jsq", "jiq_sparse"):
+            _sparse_feedback(exp, p)
         elif policy == "prequal":
             p.null_many(QUEUE_METRICS, f"Prequal has no queueing theory ({_doc('Prequal: no theory')})")
     else:
@@ -634,6 +639,64 @@ def _jiq_dispatchers(exp: Experiment, p: Prediction, speed: float) -> None:
     why = f"{rule} with {k} dispatchers: the limit gives the mean, not the sojourn's distribution"
     p.null_many(("sojourn_p50", "sojourn_p99"), why)
     finite.jiq_dispatchers(exp, p, speed, exp.classes[0].discipline == "fcfs")
+
+
+def _sparse_regime(exp: Experiment) -> str | None:
+    """Why the fluid limits of sparse feedback do not cover ``exp`` (None: they do)."""
+    if exp.policy.dispatchers > 1:
+        return (
+            f"{exp.policy.dispatchers} dispatchers, each on its own estimates or tokens: the fluid limits of "
+            f"{_doc('Sparse feedback: JSQ on occasional updates')} are for one dispatcher"
+        )
+    if _equal_speeds(exp) is None:
+        return "unequal speeds: the fluid limits of sparse feedback are for identical servers"
+    if exp.workload.service.dist != "exponential":
+        work = exp.workload.service.describe()
+        return f"work is {work}: the fluid limits of sparse feedback need exponential work"
+    if exp.work_rate >= sum(exp.node_speeds):
+        return "load >= 1: no stationary regime"
+    return None
+
+
+def _sparse_feedback(exp: Experiment, p: Prediction) -> None:
+    """JSQ on sparse feedback (asynchronous or synchronous updates) and sparsified JIQ: the fixed points of
+    their fluid limits (``sparse_feedback``; docs/theory.md, "Sparse feedback: JSQ on occasional updates"),
+    in units of the mean service time, scaled to the spec's."""
+    why = _sparse_regime(exp)
+    if why is not None:
+        p.null_many(QUEUE_METRICS, why)
+        return
+    pol, speed = exp.policy, exp.node_speeds[0]
+    load = exp.work_rate / (exp.n * speed)
+    if isinstance(pol, SparseJSQParams):
+        fluid = sparse_feedback.asynchronous if pol.updates == "asynchronous" else sparse_feedback.synchronous
+        values = fluid(load, pol.rate)
+        model = f"JSQ on {pol.updates} updates at {pol.rate:g} messages per task"
+    else:
+        assert isinstance(pol, SparseJIQParams)
+        values = sparse_feedback.sparse_jiq(load, tokens_per_task(pol.p, load))
+        model = f"sparsified JIQ, p = {pol.p:g}"
+    fcfs = exp.classes[0].discipline == "fcfs"
+    limit = [
+        "n -> infinity (the fixed point of the fluid limit)",
+        "one dispatcher",
+        "exponential work",
+        "equal speeds",
+        "messages delivered at once",
+        "fcfs" if fcfs else "ps: with exponential work its queue lengths move as fcfs's",
+    ]
+    src = f"{SPARSE_PAPER}; {_doc('Sparse feedback: JSQ on occasional updates')}"
+    scale = exp.workload.service.mean / speed
+    p.set("mean_sojourn", values.mean_sojourn * scale, f"{model}: E[Q] / load (Little)", src, limit)
+    p.set("mean_tasks_per_node", values.mean_queue, f"{model}: E[Q]", src, limit)
+    p.set("tasks_in_system", exp.n * values.mean_queue, "n E[Q]", src, limit)
+    if fcfs:
+        p.set("wait_probability", values.wait, f"{model}: P(a task finds its node busy)", src, limit)
+    if values.tail:
+        for c in exp.classes:
+            p.tail(c.name, values.tail, f"{model}: P(Q >= k) at the fixed point", src, limit)
+    why = f"{model}: the fluid limit gives the mean sojourn and the queue law, not the sojourn's distribution"
+    p.null_many(("sojourn_p50", "sojourn_p99"), why)
 
 
 def _rate_support(exp: Experiment) -> tuple[float, float]:
