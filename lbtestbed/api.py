@@ -22,7 +22,6 @@ pandas, which lbtestbed does not install (``pip install pandas``).
 from __future__ import annotations
 
 import copy
-import math
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -33,6 +32,7 @@ from lbtestbed.analysis.results.result import Result
 from lbtestbed.analysis.results.text import DEFAULT_WIDTH, Fit
 from lbtestbed.experiment.sweep import Point
 from lbtestbed.model.experiment import Experiment
+from lbtestbed.model.reading import toml_value
 from lbtestbed.spec import apply_overrides, load_spec, parse_spec, spec_schema
 
 if TYPE_CHECKING:
@@ -56,26 +56,6 @@ __all__ = [
 
 #: overrides as ``{"workload.load": 0.8}`` or as the command line's ``["workload.load=0.8"]``
 Overrides = Mapping[str, Any] | Iterable[str] | None
-
-
-def toml_value(value: Any) -> str:
-    """``value`` written as TOML, as ``--set KEY=VALUE`` takes it: ``0.8``, ``"jiq"``, ``[2, 2]``,
-    ``{kind = "xlog", r = 6}``."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"{value!r}: a spec holds finite numbers only")
-        return repr(value)
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, Mapping):
-        return "{" + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, Sequence):
-        return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    raise TypeError(f"{value!r}: not a value a spec holds")
 
 
 def _overrides(overrides: Overrides) -> list[str]:

@@ -664,10 +664,13 @@ def run_experiment(
     say: Say,
     *,
     simulate: bool = True,
+    twin: bool = True,
     preflight: dict[str, Any] | None = None,
     **cluster_options: Any,
 ) -> tuple[RunReport, list[Path]]:
-    """The whole of ``lbt run``: cluster, simulation, theory, verdicts and the report directory."""
+    """The whole of ``lbt run``: cluster, simulation, theory, verdicts and the report directory. ``twin``
+    False leaves the twin out (the simulation of the same tasks without the cluster's delays stays, when
+    ``simulate``): ``lbt frontier``'s cluster points, where the twin would cost as much as the run."""
     from lbtestbed.analysis.simulator import simulate_once
     from lbtestbed.analysis.theory.predict import predict
 
@@ -686,18 +689,19 @@ def run_experiment(
     # keeps (a fault, or a scrape unanswered, leaves the others out), so that a row's values, its gap and
     # its verdict are all over the same batches
     kept = raw.positions()
-    simulation = twin = None
+    simulation = twin_result = None
     if simulate:
         say("simulating the same tasks")
         sim_raw = simulate_once(exp).only(kept)
         simulation = summarize(exp, [sim_raw])
         raws["simulation"] = sim_raw
+    if simulate and twin:
         say("simulating the twin: the same tasks with the delays the cluster measured")
         twin_raw, replayed = simulate_twin(exp, emulation_of(exp, m))
         twin_raw = twin_raw.only(kept)
-        twin = summarize(exp, [twin_raw], source="twin")
+        twin_result = summarize(exp, [twin_raw], source="twin")
         # every kind of the policy (0 and 0 where none was sent): the same keys in every run of the spec
-        twin.extras["message_ages_replayed"] = {
+        twin_result.extras["message_ages_replayed"] = {
             k: dict(zip(("own", "drawn"), replayed.get(k, [0, 0]), strict=True))
             for k in sorted({*kinds, *replayed})
         }
@@ -725,7 +729,7 @@ def run_experiment(
         theory,
         context,
         warnings,
-        twin=Side(twin, raws["twin"]) if twin is not None else None,
+        twin=Side(twin_result, raws["twin"]) if twin_result is not None else None,
         legs=_legs_held(exp, m),
     )
     if preflight and "estimate" in preflight:
