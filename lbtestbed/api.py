@@ -10,6 +10,7 @@
     lbt.batch_frame(sim)            # pandas: each metric batch by batch
     report = lbt.run(exp)           # lbt run: a RunReport (cluster, twin, simulation, theory, verdicts)
     points = lbt.sweep(exp, {"workload.load": [0.5, 0.7]}, simulate_only=True)   # lbt sweep
+    done = lbt.frontier(exp, policies=["jiq", "jsq"])   # lbt frontier: done.steps, the frontier
 
 These names (``lbtestbed.__all__``) are the package's public interface: they keep their meaning from one
 version to the next, and a change that breaks them says so in the version. What they return is the same
@@ -38,12 +39,15 @@ from lbtestbed.spec import apply_overrides, load_spec, parse_spec, spec_schema
 if TYPE_CHECKING:
     import pandas
 
+    from lbtestbed.experiment.frontier import FrontierOutcome
+
 __all__ = [
     "Experiment",
     "Point",
     "Result",
     "RunReport",
     "batch_frame",
+    "frontier",
     "load",
     "predict",
     "run",
@@ -156,6 +160,36 @@ def sweep(
         quiet=not progress,
     )
     return run_sweep(exp, overrides, options, _say(progress)).points
+
+
+def frontier(
+    exp: Experiment,
+    *,
+    policies: Sequence[str] = (),
+    replications: int = 5,
+    jobs: int = 1,
+    cluster: bool = False,
+    cluster_minutes: float = 9.0,
+    out: str | Path | None = None,
+    progress: bool = False,
+) -> FrontierOutcome:
+    """``lbt frontier``: every policy (or those named) over its message knob on ``exp``, simulated with
+    ``replications`` each and with ``cluster`` also on a local cluster within ``cluster_minutes``; its
+    directory (``out``) holds frontier.md, frontier.json and frontier.png. What it returns has the points,
+    the policies left out and ``steps[source][metric]``, the frontier; ``to_json()`` is the command's
+    ``--json`` object."""
+    from lbtestbed.experiment.frontier import FrontierOptions, run_frontier
+
+    options = FrontierOptions(
+        policies=tuple(policies),
+        replications=replications,
+        jobs=jobs,
+        cluster=cluster,
+        cluster_minutes=cluster_minutes,
+        out=None if out is None else Path(out),
+        quiet=not progress,
+    )
+    return run_frontier(exp, options, _say(progress))
 
 
 def table(x: Result | RunReport, *, width: int = DEFAULT_WIDTH, wide: bool = False) -> str:

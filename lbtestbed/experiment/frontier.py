@@ -218,13 +218,10 @@ def run_frontier(exp: Experiment, options: FrontierOptions, say: Say) -> Frontie
     if not runs:
         reasons = "; ".join(f"{o.policy}: {o.reason}" for o in left)
         raise BadInput(f"{exp.source}: no policy runs on this spec ({reasons})")
-    for o in left:
+    lengths = cluster_lengths(exp, options.cluster_minutes, len(runs)) if options.cluster else None
+    for o in left:  # after the last check of the input: bad input is one line
         say(f"left out: {o.curve} {o.knob}".rstrip() + f": {o.reason}")
-    cluster_runs: list[tuple[int, Experiment]] = []
-    lengths = None
-    if options.cluster:
-        lengths = cluster_lengths(exp, options.cluster_minutes, len(runs))
-        cluster_runs = _cluster_checked(runs, lengths, options, left, say)
+    cluster_runs = _cluster_checked(runs, lengths, options, left, say) if lengths else []
     directory = options.out or default_directory(f"frontier-{exp.name}")
     points = _simulate(runs, options, say)
     if cluster_runs:
