@@ -441,7 +441,7 @@ def _frontier(sub: Commands) -> None:
         "values of its message knob (d for power_of_d, Prequal's probes per query, ...; a policy without "
         "one runs once), simulated with independent replications beside lbt predict's values and, with "
         "--cluster, also on a local cluster of this machine. Writes frontier.json, frontier.md and "
-        "frontier.png (messages per task against mean wait and the 99th percentile of the sojourn, 95%% "
+        "frontier.png (messages per task against mean wait and the 99th percentile of the sojourn, 95% "
         "intervals, the theory dashed, and the frontier: for each message budget the best measured "
         "point) and prints the table. A policy the spec cannot hold is left out with its reason. Exit "
         "code 0 when done, 1 when a cluster run failed, 2 on bad input.",
