@@ -39,7 +39,7 @@ from lbtestbed.spec import apply_overrides, load_spec, parse_spec, spec_schema
 if TYPE_CHECKING:
     import pandas
 
-    from lbtestbed.experiment.frontier import FrontierOutcome
+    from lbtestbed.experiment.frontier_output import FrontierOutcome
 
 __all__ = [
     "Experiment",

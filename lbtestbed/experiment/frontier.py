@@ -19,17 +19,23 @@ of the sojourn. The frontier, for each message budget the best measured point, c
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lbtestbed.analysis.comparison.frontier import Step, envelope
-from lbtestbed.analysis.results.result import Result
+from lbtestbed.analysis.comparison.frontier import envelope
 from lbtestbed.experiment.errors import BadInput, Failed
 from lbtestbed.experiment.executor import LOCAL, open_executor
-from lbtestbed.experiment.frontier_output import P99, measured, write
+from lbtestbed.experiment.frontier_output import (
+    P99,
+    FrontierOutcome,
+    FrontierPoint,
+    LeftOut,
+    Setting,
+    measured,
+    write,
+)
 from lbtestbed.experiment.progress import optional_progress
 from lbtestbed.experiment.run import default_directory, run_errors, run_size_problem
 from lbtestbed.experiment.sweep import run_points, simulate_points, with_overrides
@@ -53,52 +59,6 @@ CLUSTER_WARMUP_SHARE = 1 / 5
 
 
 @dataclass(frozen=True)
-class Setting:
-    """One point to run: a policy at one value of one of its knobs (or as the spec gives it)."""
-
-    policy: str
-    curve: str  # "power_of_d: JSQ(d)", or the policy's name when it declares no curve
-    key: str | None = None  # the knob, a key of its [policy] table
-    value: int | float | None = None
-    overrides: tuple[str, ...] = ()  # what makes the point of the spec: --set overrides
-
-    @property
-    def knob(self) -> str:
-        return "" if self.key is None else f"{self.key}={self.value:g}"
-
-    @property
-    def label(self) -> str:
-        return f"{self.curve} {self.knob}" if self.key else self.curve
-
-
-@dataclass(frozen=True)
-class LeftOut:
-    """A policy, or one point of it, that did not run: where (``everywhere``, or only on the ``cluster``)
-    and why."""
-
-    policy: str
-    curve: str
-    knob: str
-    reason: str
-    where: str = "everywhere"
-
-    def to_json(self) -> dict[str, str]:
-        return dataclasses.asdict(self)
-
-
-@dataclass
-class FrontierPoint:
-    setting: Setting
-    simulation: Result
-    theory: Result
-    cluster: Result | None = None
-    #: the simulation of the cluster run's own tasks and window, without its delays: what the cluster
-    #: would measure if the network and the software cost nothing
-    same_tasks: Result | None = None
-    directory: str = ""  # the cluster run's report directory
-
-
-@dataclass(frozen=True)
 class FrontierOptions:
     """How ``lbt frontier`` runs (its options, defaults as there)."""
 
@@ -112,24 +72,6 @@ class FrontierOptions:
     force: bool = False  # run cluster points the pre-flight estimate refuses
     out: Path | None = None
     quiet: bool = False
-
-
-@dataclass
-class FrontierOutcome:
-    exp: Experiment
-    points: list[FrontierPoint]
-    left_out: list[LeftOut]
-    delay: str  # "mean_wait", or "mean_sojourn" when the mean service time is not one number
-    mean_service: float | None
-    steps: dict[str, dict[str, list[Step]]]  # source -> metric -> the frontier's steps
-    cluster_run: dict[str, float] | None = None  # the cluster points' lengths and budget
-    files: list[Path] = field(default_factory=list)
-    directory: Path = Path()
-
-    def to_json(self) -> dict[str, Any]:
-        from lbtestbed.experiment.frontier_output import outcome_json
-
-        return outcome_json(self)
 
 
 # --------------------------------------------------------------------------------------------- settings

@@ -1,19 +1,83 @@
-"""What ``lbt frontier`` writes and prints: its points as delays with intervals, the JSON object, the
-table, the lines under it and the directory (frontier.json, frontier.md, frontier.png)."""
+"""What ``lbt frontier`` found and what it writes: its settings, points and outcome, the points as delays
+with intervals, the JSON object, the table, the lines under it and the directory (frontier.json,
+frontier.md, frontier.png)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from lbtestbed.analysis.comparison.frontier import Measured, describe
+from lbtestbed.analysis.comparison.frontier import Measured, Step, describe
 from lbtestbed.analysis.results.result import Result
 from lbtestbed.experiment.sweep import cell
+from lbtestbed.model.experiment import Experiment
 
-if TYPE_CHECKING:
-    from lbtestbed.experiment.frontier import FrontierOutcome, FrontierPoint
+
+@dataclass(frozen=True)
+class Setting:
+    """One point to run: a policy at one value of one of its knobs (or as the spec gives it)."""
+
+    policy: str
+    curve: str  # "power_of_d: JSQ(d)", or the policy's name when it declares no curve
+    key: str | None = None  # the knob, a key of its [policy] table
+    value: int | float | None = None
+    overrides: tuple[str, ...] = ()  # what makes the point of the spec: --set overrides
+
+    @property
+    def knob(self) -> str:
+        return "" if self.key is None else f"{self.key}={self.value:g}"
+
+    @property
+    def label(self) -> str:
+        return f"{self.curve} {self.knob}" if self.key else self.curve
+
+
+@dataclass(frozen=True)
+class LeftOut:
+    """A policy, or one point of it, that did not run: where (``everywhere``, or only on the ``cluster``)
+    and why."""
+
+    policy: str
+    curve: str
+    knob: str
+    reason: str
+    where: str = "everywhere"
+
+    def to_json(self) -> dict[str, str]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class FrontierPoint:
+    setting: Setting
+    simulation: Result
+    theory: Result
+    cluster: Result | None = None
+    #: the simulation of the cluster run's own tasks and window, without its delays: what the cluster
+    #: would measure if the network and the software cost nothing
+    same_tasks: Result | None = None
+    directory: str = ""  # the cluster run's report directory
+
+
+@dataclass
+class FrontierOutcome:
+    exp: Experiment
+    points: list[FrontierPoint]
+    left_out: list[LeftOut]
+    delay: str  # "mean_wait", or "mean_sojourn" when the mean service time is not one number
+    mean_service: float | None
+    steps: dict[str, dict[str, list[Step]]]  # source -> metric -> the frontier's steps
+    cluster_run: dict[str, float] | None = None  # the cluster points' lengths and budget
+    files: list[Path] = field(default_factory=list)
+    directory: Path = Path()
+
+    def to_json(self) -> dict[str, Any]:
+        return outcome_json(self)
+
 
 #: the delays drawn against messages: the left panel's (mean wait, or mean sojourn when the mean service
 #: time is not one number) and the right one's

@@ -36,10 +36,12 @@ class FrontierPanel:
 
 
 def _colors(curves: Sequence[str]) -> dict[str, Any]:
-    """A colour per curve: matplotlib's ten, then tab20's lighter ones."""
-    plt = _pyplot()
-    light = plt.get_cmap("tab20")
-    return {c: f"C{i}" if i < 10 else light(2 * (i - 10) % 20 + 1) for i, c in enumerate(curves)}
+    """A colour per curve: matplotlib's ten but its grey (the legend's grey says what a line style
+    means), then tab20's lighter ones."""
+    light = _pyplot().get_cmap("tab20")
+    palette: list[Any] = [f"C{i}" for i in range(10) if i != 7]
+    palette += [light(2 * i + 1) for i in range(10) if i != 7]
+    return {c: palette[i % len(palette)] for i, c in enumerate(curves)}
 
 
 def _x_axis(ax: Any, xs: Sequence[float]) -> float:
