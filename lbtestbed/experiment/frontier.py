@@ -49,8 +49,8 @@ from lbtestbed.policies.unit import Policy
 Say = Callable[[str], None]
 
 #: wall seconds a cluster point costs beyond its load: start the processes, drain, write its report
-#: (measured on a busy 2-core machine: about 6 s; docs/run.md, "The frontier")
-CLUSTER_OVERHEAD = 8.0
+#: (measured on a busy 2-core machine: 7.5 to 10 s; docs/run.md, "The frontier")
+CLUSTER_OVERHEAD = 10.0
 #: a cluster point's window must hold at least this many tasks per batch: fewer make batch means of a 99th
 #: percentile meaningless
 MIN_TASKS_PER_BATCH = 100
