@@ -10,6 +10,7 @@
     lbt.batch_frame(sim)            # pandas: each metric batch by batch
     report = lbt.run(exp)           # lbt run: a RunReport (cluster, twin, simulation, theory, verdicts)
     points = lbt.sweep(exp, {"workload.load": [0.5, 0.7]}, simulate_only=True)   # lbt sweep
+    done = lbt.frontier(exp, policies=["jiq", "jsq"])   # lbt frontier: done.steps, the frontier
 
 These names (``lbtestbed.__all__``) are the package's public interface: they keep their meaning from one
 version to the next, and a change that breaks them says so in the version. What they return is the same
@@ -22,7 +23,6 @@ pandas, which lbtestbed does not install (``pip install pandas``).
 from __future__ import annotations
 
 import copy
-import math
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -33,10 +33,13 @@ from lbtestbed.analysis.results.result import Result
 from lbtestbed.analysis.results.text import DEFAULT_WIDTH, Fit
 from lbtestbed.experiment.sweep import Point
 from lbtestbed.model.experiment import Experiment
+from lbtestbed.model.reading import toml_value
 from lbtestbed.spec import apply_overrides, load_spec, parse_spec, spec_schema
 
 if TYPE_CHECKING:
     import pandas
+
+    from lbtestbed.experiment.frontier_output import FrontierOutcome
 
 __all__ = [
     "Experiment",
@@ -44,6 +47,7 @@ __all__ = [
     "Result",
     "RunReport",
     "batch_frame",
+    "frontier",
     "load",
     "predict",
     "run",
@@ -56,26 +60,6 @@ __all__ = [
 
 #: overrides as ``{"workload.load": 0.8}`` or as the command line's ``["workload.load=0.8"]``
 Overrides = Mapping[str, Any] | Iterable[str] | None
-
-
-def toml_value(value: Any) -> str:
-    """``value`` written as TOML, as ``--set KEY=VALUE`` takes it: ``0.8``, ``"jiq"``, ``[2, 2]``,
-    ``{kind = "xlog", r = 6}``."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"{value!r}: a spec holds finite numbers only")
-        return repr(value)
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, Mapping):
-        return "{" + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, Sequence):
-        return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    raise TypeError(f"{value!r}: not a value a spec holds")
 
 
 def _overrides(overrides: Overrides) -> list[str]:
@@ -181,6 +165,36 @@ def sweep(
         quiet=not progress,
     )
     return run_sweep(exp, overrides, options, _say(progress)).points
+
+
+def frontier(
+    exp: Experiment,
+    *,
+    policies: Sequence[str] = (),
+    replications: int = 5,
+    jobs: int = 1,
+    cluster: bool = False,
+    cluster_minutes: float = 9.0,
+    out: str | Path | None = None,
+    progress: bool = False,
+) -> FrontierOutcome:
+    """``lbt frontier``: every policy (or those named) over its message knob on ``exp``, simulated with
+    ``replications`` each and with ``cluster`` also on a local cluster within ``cluster_minutes``; its
+    directory (``out``) holds frontier.md, frontier.json and frontier.png. What it returns has the points,
+    the policies left out and ``steps[source][metric]``, the frontier; ``to_json()`` is the command's
+    ``--json`` object."""
+    from lbtestbed.experiment.frontier import FrontierOptions, run_frontier
+
+    options = FrontierOptions(
+        policies=tuple(policies),
+        replications=replications,
+        jobs=jobs,
+        cluster=cluster,
+        cluster_minutes=cluster_minutes,
+        out=None if out is None else Path(out),
+        quiet=not progress,
+    )
+    return run_frontier(exp, options, _say(progress))
 
 
 def table(x: Result | RunReport, *, width: int = DEFAULT_WIDTH, wide: bool = False) -> str:

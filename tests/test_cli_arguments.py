@@ -102,6 +102,7 @@ def test_version_is_the_package_version() -> None:
         "load",
         "run",
         "sweep",
+        "frontier",
     ],
 )
 def test_help_shows_no_format_escapes(command: str) -> None:

@@ -357,3 +357,34 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         beside = ", ".join(f.name for f in done.files if f.name != "sweep.md")
         print(f"sweep: {done.directory / 'sweep.md'} ({beside} beside it)")
     return EXIT_OK if all(p.agrees is not False for p in done.points) else EXIT_FAILED
+
+
+def cmd_frontier(args: argparse.Namespace) -> int:
+    exp = load_spec(args.spec, args.set)  # a bad spec fails before anything runs
+    # here: the simulator, the runner and the plots load only for a spec that loads
+    from lbtestbed.analysis.results.text import table
+    from lbtestbed.experiment.frontier import FrontierOptions, run_frontier
+    from lbtestbed.experiment.frontier_output import rows, summary_lines
+
+    options = FrontierOptions(
+        policies=args.policies,
+        replications=args.replications,
+        jobs=args.jobs,
+        executor=args.executor,
+        cluster=args.cluster,
+        cluster_minutes=args.cluster_minutes,
+        node_processes=args.node_processes,
+        force=args.force,
+        out=Path(args.out) if args.out else None,
+        quiet=args.quiet,
+    )
+    done = run_frontier(exp, options, stages(args.quiet))
+    if args.json:
+        print_json(stamped(done.to_json()))
+        return EXIT_OK
+    grid = rows(done)
+    print(table(grid, _fit(args), wrap=grid[0][:2], drop=[h for h in grid[0] if h.startswith("theory")]))
+    for line in summary_lines(done):
+        print(line)
+    print(f"frontier: {done.directory / 'frontier.md'} (frontier.json and frontier.png beside it)")
+    return EXIT_OK

@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_simulate, _predict, _cluster, _load, _run, _report, _sweep, _spec):
+    for add in (_simulate, _predict, _cluster, _load, _run, _report, _sweep, _frontier, _spec):
         add(sub)
     return parser
 
@@ -452,6 +452,93 @@ def _sweep(sub: Commands) -> None:
     _add_wide(swp)
     swp.add_argument("--quiet", action="store_true", help="no progress on stderr")
     swp.set_defaults(func=commands.cmd_sweep)
+
+
+def _frontier(sub: Commands) -> None:
+    """``lbt frontier``."""
+    fr = sub.add_parser(
+        "frontier",
+        help="run every policy over its message knob and plot messages per task against delay",
+        description="Every policy of the library (or those of --policies) runs on the spec over the "
+        "values of its message knob (d for power_of_d, Prequal's probes per query, ...; a policy without "
+        "one runs once), simulated with independent replications beside lbt predict's values and, with "
+        "--cluster, also on a local cluster of this machine. Writes frontier.json, frontier.md and "
+        "frontier.png (messages per task against mean wait and the 99th percentile of the sojourn, 95% "
+        "intervals, the theory dashed, and the frontier: for each message budget the best measured "
+        "point) and prints the table. A policy the spec cannot hold is left out with its reason. Exit "
+        "code 0 when done, 1 when a cluster run failed, 2 on bad input.",
+    )
+    fr.add_argument("spec", help="experiment spec (TOML) with fcfs or ps nodes, see docs/spec.md")
+    fr.add_argument(
+        "--policies",
+        type=policy_names,
+        default=(),
+        metavar="A,B,...",
+        help="only these policies (names or aliases, comma-separated; default: every policy)",
+    )
+    fr.add_argument(
+        "--replications",
+        type=at_least(1),
+        default=5,
+        metavar="R",
+        help="independent replications per point for the 95%% intervals (default 5; 1: batch means of one "
+        "run)",
+    )
+    fr.add_argument(
+        "--jobs",
+        type=at_least(1),
+        default=os.cpu_count() or 1,
+        metavar="J",
+        help="processes of the local pool for the simulations (default: the number of cores)",
+    )
+    _add_executor(fr, "the simulations")
+    fr.add_argument(
+        "--cluster",
+        action="store_true",
+        help="also run every point on a local cluster (lbt run without its simulation), with a warm-up "
+        "and window cut to fit --cluster-minutes",
+    )
+    fr.add_argument(
+        "--cluster-minutes",
+        type=positive_minutes,
+        default=9.0,
+        metavar="M",
+        help="wall-clock minutes for the cluster points together (default 9); each point's warm-up and "
+        "window are chosen from it at the spec's time scale",
+    )
+    fr.add_argument(
+        "--node-processes",
+        type=at_least(1),
+        default=None,
+        metavar="P",
+        help="server-node processes of each cluster; the nodes are split among them (default: one per core)",
+    )
+    _add_force(fr)
+    _add_overrides(fr)
+    fr.add_argument("--out", metavar="DIR", help="output directory (default reports/frontier-<name>-<time>)")
+    fr.add_argument("--json", action="store_true", help="print frontier.json's object instead of the table")
+    _add_wide(fr)
+    fr.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    fr.set_defaults(func=commands.cmd_frontier)
+
+
+def policy_names(text: str) -> tuple[str, ...]:
+    """An argparse type: comma-separated policy names (checked against the catalog by the command)."""
+    names = tuple(n.strip() for n in text.split(","))
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"expected policy names separated by commas, got {text!r}")
+    return names
+
+
+def positive_minutes(text: str) -> float:
+    """An argparse type: a finite number of minutes > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of minutes, got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a positive number of minutes, got {text}")
+    return value
 
 
 def executor(text: str) -> str:

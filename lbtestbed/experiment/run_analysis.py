@@ -233,6 +233,7 @@ def analyse(
     say: Say,
     *,
     simulate: bool = True,
+    twin: bool = True,
     preflight: dict[str, Any] | None = None,
     warnings: Sequence[str] = (),
 ) -> tuple[RunReport | None, list[Path]]:
@@ -265,18 +266,19 @@ def analyse(
     # keeps (a fault, or a scrape unanswered, leaves the others out), so that a row's values, its gap and
     # its verdict are all over the same batches
     kept = raw.positions()
-    simulation = twin = None
+    simulation = twin_result = None
     if simulate:
         say("simulating the same tasks")
         sim_raw = simulate_once(exp).only(kept)
         simulation = summarize(exp, [sim_raw])
         raws["simulation"] = sim_raw
+    if simulate and twin:
         say("simulating the twin: the same tasks with the delays the cluster measured")
         twin_raw, replayed = simulate_twin(exp, emulation_of(exp, m))
         twin_raw = twin_raw.only(kept)
-        twin = summarize(exp, [twin_raw], source="twin")
+        twin_result = summarize(exp, [twin_raw], source="twin")
         # every kind of the policy (0 and 0 where none was sent): the same keys in every run of the spec
-        twin.extras["message_ages_replayed"] = {
+        twin_result.extras["message_ages_replayed"] = {
             k: dict(zip(("own", "drawn"), replayed.get(k, [0, 0]), strict=True))
             for k in sorted({*kinds, *replayed})
         }
@@ -290,7 +292,7 @@ def analyse(
         theory,
         context,
         warnings,
-        twin=Side(twin, raws["twin"]) if twin is not None else None,
+        twin=Side(twin_result, raws["twin"]) if twin_result is not None else None,
         legs=legs_held(exp, m),
     )
     if preflight and "estimate" in preflight:

@@ -684,12 +684,15 @@ def run_experiment(
     say: Say,
     *,
     simulate: bool = True,
+    twin: bool = True,
     preflight: dict[str, Any] | None = None,
     **cluster_options: Any,
 ) -> RunDone:
     """The whole of ``lbt run``: cluster, simulation, theory, verdicts and the report directory. The run is
     kept in its directory as it goes (``run_record``); SIGINT, SIGTERM and SIGHUP stop it early with a
-    partial report (``measure``)."""
+    partial report (``measure``). ``twin`` False leaves the twin out (the simulation of the same tasks
+    without the cluster's delays stays, when ``simulate``): ``lbt frontier``'s cluster points, where the
+    twin would cost as much as the run."""
     warnings = [w for w in (warmup_warning(exp), ejection_warning(exp)) if w]
     for w in warnings:
         say(f"warning: {w}")
@@ -701,5 +704,7 @@ def run_experiment(
     finally:
         record.close()
     m.accounting = accounting(read_events(record.journal.path), len(m.tasks))
-    rep, files = analyse(exp, m, directory, say, simulate=simulate, preflight=preflight, warnings=warnings)
+    rep, files = analyse(
+        exp, m, directory, say, simulate=simulate, twin=twin, preflight=preflight, warnings=warnings
+    )
     return RunDone(rep, files, m.interrupted)

@@ -113,26 +113,30 @@ class Point:
         }
 
 
-def _simulate(exp: Experiment) -> tuple[Result, Result]:
+def simulate_point(exp: Experiment, replications: int = 1) -> tuple[Result, Result]:
+    """One point's simulation (batch means, or ``replications`` independent replications run one after
+    the other) and its theory: what a worker of the executor runs."""
     from lbtestbed.analysis.results.result import summarize
     from lbtestbed.analysis.simulator import simulate_once
     from lbtestbed.analysis.theory.predict import predict
 
-    return summarize(exp, [simulate_once(exp)]), predict(exp)
+    return summarize(exp, [simulate_once(exp, i) for i in range(replications)]), predict(exp)
 
 
 def _settings(point: Sequence[str], keys: Sequence[str]) -> dict[str, str]:
     values = dict(item.partition("=")[::2] for item in point)
-    return {k: values[k] for k in keys}
+    return {k: values[k] for k in keys if k in values}  # a sweep's points have every key; others need not
 
 
 def experiments(exp: Experiment, overrides: Sequence[str]) -> list[tuple[list[str], Experiment]]:
     """Every point of the grid over ``exp`` (its document as given, ``exp.raw``, with each point's
     overrides after its own) with its experiment; a bad point raises SpecError before anything runs."""
-    return [(p, _point(exp, p)) for p in grid(overrides)]
+    return [(p, with_overrides(exp, p)) for p in grid(overrides)]
 
 
-def _point(exp: Experiment, overrides: Sequence[str]) -> Experiment:
+def with_overrides(exp: Experiment, overrides: Sequence[str]) -> Experiment:
+    """``exp`` with ``overrides`` applied after its own (to its document as given, ``exp.raw``); SpecError
+    when the result is not a valid spec."""
     data = apply_overrides(copy.deepcopy(dict(exp.raw)), overrides, exp.source)
     return dataclasses.replace(parse_spec(data, exp.source), overrides=(*exp.overrides, *overrides))
 
@@ -223,18 +227,24 @@ def simulate_points(
     executor: Executor,
     say: Say,
     progress: Callable[[int], None] | None = None,
+    *,
+    replications: int = 1,
+    labels: Sequence[str] | None = None,
 ) -> list[Point]:
-    """Simulate every point of ``experiments(...)`` beside its theory on ``executor``, the points in grid
-    order; a line and ``progress(k)`` as the k-th finishes (in the order they finish)."""
+    """Simulate every point of ``experiments(...)`` beside its theory on ``executor`` (batch means, or
+    ``replications`` independent replications of each), the points in grid order; a line (naming the
+    point by its ``labels``, or by its settings) and ``progress(k)`` as the k-th finishes (in the order
+    they finish)."""
     keys = _keys(points)
+    names = labels or [_label(_settings(p, keys)) for p, _ in points]
 
     def done(finished: int, i: int, _: tuple[Result, Result]) -> None:
-        label = _label(_settings(points[i][0], keys))
-        say(f"point {i + 1} simulated ({finished}/{len(points)} done): {label}")
+        say(f"point {i + 1} simulated ({finished}/{len(points)} done): {names[i]}")
         if progress is not None:
             progress(finished)
 
-    results = run_each(executor, _simulate, [(exp,) for _, exp in points], done)
+    calls = [(exp, replications) for _, exp in points]
+    results = run_each(executor, simulate_point, calls, done)
     return [
         Point(_settings(p, keys), result, theory)
         for (p, _), (result, theory) in zip(points, results, strict=True)
@@ -246,20 +256,24 @@ def run_points(
     directory: Path,
     say: Say,
     progress: Callable[[int], None] | None = None,
+    labels: Sequence[str] | None = None,
     **cluster_options: Any,
 ) -> list[Point]:
     """Run every point of ``experiments(...)`` on a cluster of this machine, one by one, each with its
-    report in a directory of its own under ``directory``; ``progress(k)`` after the k-th is done."""
+    report in a directory of its own under ``directory`` (named by its ``labels``, or by its settings);
+    ``progress(k)`` after the k-th is done. ``cluster_options`` go to ``runner.run_experiment``."""
     from lbtestbed.cluster.processes import Interrupted
     from lbtestbed.experiment.runner import run_experiment
     from lbtestbed.transport.cluster_file import ClusterError
 
     keys = _keys(points)
+    names = labels or [_label(_settings(p, keys)) for p, _ in points]
     directory.mkdir(parents=True, exist_ok=True)
     out: list[Point] = []
-    for i, (p, exp) in enumerate(points, 1):
-        sub = directory / (f"{i:02d}-" + re.sub(r"[^A-Za-z0-9_.=-]+", "_", "-".join(p))[:80])
-        say(f"point {i}/{len(points)}: {_label(_settings(p, keys))}")
+    for i, ((p, exp), name) in enumerate(zip(points, names, strict=True), 1):
+        words = name if labels else "-".join(p)
+        sub = directory / (f"{i:02d}-" + re.sub(r"[^A-Za-z0-9_.=-]+", "_", words)[:80])
+        say(f"point {i}/{len(points)}: {name}")
         done = run_experiment(exp, sub, lambda line: say(f"  {line}"), **cluster_options)
         if done.interrupted:  # the point's partial report is written: the sweep ends there
             raise Interrupted(done.interrupted)
@@ -267,7 +281,10 @@ def run_points(
         if rep is None:
             raise ClusterError(f"point {i}: fewer than two batches to compare (see {sub / 'report.md'})")
         assert rep.theory is not None
-        out.append(Point(_settings(p, keys), rep.cluster, rep.theory, rep.agrees, str(sub)))
+        point = Point(_settings(p, keys), rep.cluster, rep.theory, rep.agrees, str(sub))
+        if rep.simulation is not None:  # the simulation of the run's own tasks
+            point.extras["simulation"] = rep.simulation
+        out.append(point)
         if progress is not None:
             progress(len(out))
     return out
@@ -280,7 +297,8 @@ def _label(settings: dict[str, str]) -> str:
     return " ".join(f"{n}={v}" for n, v in zip(names, settings.values(), strict=True))
 
 
-def _cell(m: dict[str, Any]) -> str:
+def cell(m: dict[str, Any]) -> str:
+    """A metric's value with the half-width of its 95% interval, as the tables print it."""
     v, ci = m.get("value"), m.get("ci95")
     if v is None:
         return "-"
@@ -297,7 +315,7 @@ def rows(points: Sequence[Point]) -> list[list[str]]:
         header.append("verdict")
     out = [header]
     for p in points:
-        row = [*p.settings.values(), *(_cell(p.result.metrics[c]) for c in shown)]
+        row = [*p.settings.values(), *(cell(p.result.metrics[c]) for c in shown)]
         if p.agrees is not None:
             row.append("agrees" if p.agrees else "disagrees")
         out.append(row)

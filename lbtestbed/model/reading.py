@@ -374,6 +374,26 @@ def _parse_faults(top: TableReader, spec: PolicyParams, n: int, run: RunSpec) ->
 # ------------------------------------------------------------------------------------------- overrides
 
 
+def toml_value(value: Any) -> str:
+    """``value`` written as TOML, as ``--set KEY=VALUE`` takes it: ``0.8``, ``"jiq"``, ``[2, 2]``,
+    ``{kind = "xlog", r = 6}``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{value!r}: a spec holds finite numbers only")
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, Sequence):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    raise TypeError(f"{value!r}: not a value a spec holds")
+
+
 def apply_overrides(
     data: dict[str, Any], overrides: Iterable[str], source: str, policies: PolicyLibrary
 ) -> dict[str, Any]:
