@@ -249,6 +249,22 @@ def first_difference(a: object, b: object, path: str = "") -> str:
     return f"{path or '/'}: {a!r} != {b!r}"
 
 
+def added_keys(ref: object, new: object, path: str = "") -> tuple[object, list[str]]:
+    """``new`` without the keys of its objects that ``ref`` lacks (what a newer result object adds, such as
+    its batch values), and their paths: an addition leaves every value the reference had unchanged."""
+    if isinstance(ref, dict) and isinstance(new, dict):
+        kept, added = {}, [f"{path}/{k}" for k in new if k not in ref]
+        for k in ref:
+            if k in new:
+                kept[k], more = added_keys(ref[k], new[k], f"{path}/{k}")
+                added += more
+        return kept, added
+    if isinstance(ref, list) and isinstance(new, list) and len(ref) == len(new):
+        pairs = [added_keys(a, b, f"{path}[{i}]") for i, (a, b) in enumerate(zip(ref, new, strict=True))]
+        return [p for p, _ in pairs], sorted({k for _, more in pairs for k in more})
+    return new, []
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--ref", default="HEAD", help="git revision of the reference simulator files (HEAD)")
@@ -256,7 +272,8 @@ def main() -> int:
         "--whole",
         action="store_true",
         help="take the whole package from --ref, not only the simulator's files (a reference from before "
-        "modules moved; other changes in the package then count too)",
+        "modules moved; other changes in the package then count too, except keys the result object gained "
+        "since, which are listed)",
     )
     p.add_argument("--only", default="", help="run only the cases whose name contains this text")
     p.add_argument(
@@ -279,12 +296,18 @@ def main() -> int:
                 failed += 1
                 why = f"reference {ref.get('error', 'ok')}; candidate {new.get('error', 'ok')}"
                 print(f"ERROR      {name}: {why}")
-            elif ref != new:
+                continue
+            added: list[str] = []
+            if args.whole:  # a result object may have grown since: its new keys are not differences
+                new["result"], added = added_keys(ref["result"], new["result"])
+            if ref != new:
                 failed += 1
                 where = first_difference({**ref, "digest": None}, {**new, "digest": None})
-                print(f"DIFFERENT  {name}: {where}")
+                runs = "the same RawRun" if ref["digest"] == new["digest"] else "another RawRun"
+                print(f"DIFFERENT  {name} ({runs}): {where}")
             else:
-                print(f"identical  {name} ({ref['events']:,} events, digest {ref['digest']})")
+                more = f"; keys added to the result: {', '.join(sorted(set(added)))}" if added else ""
+                print(f"identical  {name} ({ref['events']:,} events, digest {ref['digest']}{more})")
     against = "the pure-Python simulator" if args.compiled else args.ref
     print(f"{len(cases) - failed} of {len(cases)} cases identical to {against}")
     return 1 if failed else 0

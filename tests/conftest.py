@@ -40,3 +40,15 @@ def fixed_calibration(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
         os.environ.pop(CALIBRATION_ENV, None)
     else:
         os.environ[CALIBRATION_ENV] = old
+
+
+@pytest.fixture(scope="session")
+def built() -> object:
+    """The project's compiled simulator, built if missing or stale (nothing to do when current: ``make
+    test`` builds it first); skipped only where there is no C compiler."""
+    from lbtestbed.analysis.simulator import compiled
+
+    if compiled.compiler() is None:
+        pytest.skip("no C compiler")
+    compiled.build()
+    return compiled.load()

@@ -1289,12 +1289,16 @@ def test_existing_cluster_must_run_the_spec(
     assert cluster_file.exists()
 
 
-def test_unreachable_cluster_is_a_run_failure_not_an_internal_error(
+def test_an_unreachable_cluster_is_refused_before_anything_starts(
     cluster_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Its processes named in one line, exit 2, and no run directory: no load was sent."""
     spec = ClusterFile.load(cluster_file).spec
     argv = ["run", spec, "--endpoints", str(cluster_file), "--out", str(tmp_path / "r"), "--quiet"]
     code = main(argv)
     err = capsys.readouterr().err
-    assert code == 1
-    assert "127.0.0.1" in err and "internal error" not in err, err
+    assert code == 2
+    assert err.count("\n") == 1 and "did not answer" in err and "internal error" not in err, err
+    for e in ClusterFile.load(cluster_file).dispatchers + ClusterFile.load(cluster_file).node_hosts:
+        assert e.url in err
+    assert not (tmp_path / "r" / "journal.jsonl").exists()

@@ -53,6 +53,7 @@ def bench() -> ModuleType:
     ids=["below-measured", "below-required", "met-required"],
 )
 def test_the_exit_status_and_the_target(
+    built: object,
     target: float,
     extra: list[str],
     code: int,

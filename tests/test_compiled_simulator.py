@@ -215,15 +215,6 @@ def assert_same_runs(fast: RawRun, slow: RawRun, case: str) -> None:
         assert fast.ratios[key][1].tobytes() == den.tobytes(), (case, key)
 
 
-@pytest.fixture(scope="module")
-def built() -> object:
-    """The project's compiled simulator, built if missing (cached: nothing to do when current)."""
-    if compiled.compiler() is None:
-        pytest.skip("no C compiler")
-    compiled.build()
-    return compiled.load()
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("case", [*BUILD_CASES, "slta", "jlmu", "jsq"])
 def test_the_build_gives_the_pure_python_runs(built: object, case: str) -> None:

@@ -131,8 +131,9 @@ def test_lbt_run_refuses_a_flood_before_anything_starts(tmp_path: Path) -> None:
     spec = spec_file(tmp_path, scale=0.0005)  # 10000 tasks/s
     out = tmp_path / "report"
     env = {"PATH": "/usr/bin:/bin", pf.CALIBRATION_ENV: str(cal)}
+    long = "run.duration=4000"  # batches of 0.1 s wall: long enough to be scraped (run.wall_problem)
     done = subprocess.run(
-        [sys.executable, "-m", "lbtestbed.cli", "run", str(spec), "--out", str(out)],
+        [sys.executable, "-m", "lbtestbed.cli", "run", str(spec), "--set", long, "--out", str(out)],
         capture_output=True,
         text=True,
         env=env,

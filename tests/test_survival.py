@@ -62,12 +62,20 @@ class Run:
         self.lines: list[str] = []
         self._queue: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
+        # its stdout read all along too: results.json printed whole can outgrow a pipe's buffer, and
+        # communicate() must not share a pipe with the thread that reads stderr
+        self._stdout = threading.Thread(target=self._drain, daemon=True)
+        self._stdout.start()
 
     def _read(self) -> None:
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
             self._queue.put(line)
         self._queue.put(None)
+
+    def _drain(self) -> None:
+        assert self.proc.stdout is not None
+        self.stdout = self.proc.stdout.read()
 
     def wait_for(self, marker: str) -> None:
         """Until a line of stderr holds ``marker`` (the run ending first fails the test)."""
@@ -79,7 +87,8 @@ class Run:
                 return
 
     def finish(self) -> tuple[int, dict[str, Any]]:
-        _, _ = self.proc.communicate(timeout=WAIT)
+        self.proc.wait(timeout=WAIT)
+        self._stdout.join(timeout=WAIT)
         while (line := self._queue.get(timeout=WAIT)) is not None:
             self.lines.append(line)
         results = json.loads((self.out / "results.json").read_text())

@@ -460,13 +460,14 @@ def _frontier(sub: Commands) -> None:
         "frontier",
         help="run every policy over its message knob and plot messages per task against delay",
         description="Every policy of the library (or those of --policies) runs on the spec over the "
-        "values of its message knob (d for power_of_d, Prequal's probes per query, ...; a policy without "
-        "one runs once), simulated with independent replications beside lbt predict's values and, with "
-        "--cluster, also on a local cluster of this machine. Writes frontier.json, frontier.md and "
-        "frontier.png (messages per task against mean wait and the 99th percentile of the sojourn, 95% "
-        "intervals, the theory dashed, and the frontier: for each message budget the best measured "
-        "point) and prints the table. A policy the spec cannot hold is left out with its reason. Exit "
-        "code 0 when done, 1 when a cluster run failed, 2 on bad input.",
+        "values of its message knob (d for power_of_d, the probes per query of a probing policy, ...; "
+        "a policy without one runs once), simulated with independent replications beside lbt "
+        "predict's values and, with --cluster, also on a local cluster of this machine. Writes "
+        "frontier.json, frontier.md and frontier.png (messages per task against mean wait and the 99th "
+        "percentile of the sojourn, 95% intervals, the theory dashed, and the frontier: for each "
+        "message budget the best measured point) and prints the table. A policy the spec cannot hold "
+        "is left out with its reason. Exit code 0 when done, 1 when a cluster run failed, 2 on bad "
+        "input.",
     )
     fr.add_argument("spec", help="experiment spec (TOML) with fcfs or ps nodes, see docs/spec.md")
     fr.add_argument(

@@ -43,7 +43,7 @@ from lbtestbed.model.conditions import speed_varies
 from lbtestbed.model.experiment import COMMON_POLICY_KEYS, Experiment
 from lbtestbed.model.reader import SpecError
 from lbtestbed.model.reading import toml_value
-from lbtestbed.policies import CATALOG
+from lbtestbed.policies import CATALOG, policy_of
 from lbtestbed.policies.unit import Policy
 
 Say = Callable[[str], None]
@@ -95,7 +95,7 @@ def policy_table(exp: Experiment, policy: Policy) -> dict[str, Any]:
     """The ``[policy]`` table a point of ``policy`` starts from: the spec's own for its own policy, else
     the policy's name with the spec's keys common to every policy (dispatchers, split)."""
     table = dict(exp.raw.get("policy") or {})
-    if exp.policy.name == policy.name:
+    if policy_of(exp) is policy:
         return table
     return {"name": policy.name, **{k: table[k] for k in COMMON_POLICY_KEYS if k in table}}
 

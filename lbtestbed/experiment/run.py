@@ -102,7 +102,7 @@ def run(exp: Experiment, options: RunOptions, say: Say) -> RunOutcome:
         raise BadInput(problem)
     # here, not at the top: the checks above answer before numpy, aiohttp and the analysis are loaded
     from lbtestbed.experiment.preflight import at_cluster_scale, prepare
-    from lbtestbed.experiment.runner import existing_cluster, run_experiment
+    from lbtestbed.experiment.runner import check_answering, existing_cluster, run_experiment
     from lbtestbed.transport.cluster_file import ClusterError
 
     record: dict[str, Any] = {}
@@ -112,7 +112,7 @@ def run(exp: Experiment, options: RunOptions, say: Say) -> RunOutcome:
     if options.endpoints:
         try:  # the cluster named must exist and run this experiment: checked before anything starts
             exp = at_cluster_scale(exp, options.endpoints)
-            existing_cluster(exp, options.endpoints)
+            check_answering(existing_cluster(exp, options.endpoints), options.endpoints)
         except (ClusterError, SpecError) as e:
             raise BadInput(f"--endpoints: {e}") from e
     else:

@@ -33,7 +33,7 @@ from lbtestbed.analysis.measurement.legs import (
 )
 from lbtestbed.analysis.measurement.scrape import ScrapeError, Snapshot, from_query, scrape
 from lbtestbed.analysis.report.run_report import RunReport
-from lbtestbed.cluster.launcher import Cluster
+from lbtestbed.cluster.launcher import Cluster, healthy
 from lbtestbed.experiment import machine
 from lbtestbed.experiment.fault_injector import FaultCollector, Injector, check
 from lbtestbed.experiment.run_analysis import analyse, boundaries, drain_arrivals, excluded_batches
@@ -546,6 +546,17 @@ def existing_cluster(exp: Experiment, endpoints: Path) -> ClusterFile:
         )
     check_faults(exp, f, local=False)
     return f
+
+
+def check_answering(f: ClusterFile, endpoints: Path) -> None:
+    """ClusterError unless every process of the cluster file answers its health check: a cluster that is
+    not there fails the run before its load starts, not as batches no one answered."""
+    silent = [e.url for e in f.dispatchers + f.node_hosts if not healthy(e.url)]
+    if silent:
+        raise ClusterError(
+            f"{endpoints}: {', '.join(silent)} did not answer the health check "
+            f"(lbt cluster status --file {endpoints})"
+        )
 
 
 @contextlib.contextmanager

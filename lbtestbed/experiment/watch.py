@@ -127,6 +127,7 @@ class Watch:
     async def _watch(self, session: aiohttp.ClientSession, e: Endpoint) -> None:
         last_seen = self.now()  # the last check that found it serving
         first_miss: float | None = None  # the first of the checks in a row left unanswered
+        served_by = e.pid  # the process that served at the last check that found one serving
         silent = _Silence()
         while True:
             at = self.now()
@@ -137,10 +138,15 @@ class Watch:
                     await asyncio.sleep(self.exp.health.heartbeat)
                     continue
                 cause, at = "not answering", first_miss
+            if cause is None and self.local and e.pid != served_by and key_of(e) not in self.open:
+                # another process serves than at the last check: the one before died (a kill and its
+                # restart within a heartbeat, or a restart still starting at the check that missed it),
+                # out from the last check that saw it serving to the first that missed (or this one)
+                self._out(e, "dead", last_seen, first_miss if first_miss is not None else at)
             first_miss = None
             if cause is None:
                 self._serving(e)
-                last_seen = at
+                last_seen, served_by = at, e.pid
                 silent.answered(e.pid)
             else:
                 self._out(e, cause, last_seen, at)

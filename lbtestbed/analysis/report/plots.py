@@ -394,6 +394,29 @@ def _curves(
 SPREAD = 0.06
 
 
+#: the y axis of a panel of tradeoff.png
+TRADEOFF_Y = {
+    "utility": "utility per node",
+    "mean_sojourn": "mean sojourn (model s)",
+    "sojourn_p50": "median sojourn (model s)",
+    "sojourn_p99": "99th percentile of the sojourn (model s)",
+}
+
+
+def _tradeoff_axes(ax: Any, y_key: str, ys: Sequence[float], alone: bool) -> None:
+    """A tradeoff panel's scales, labels and title (a log y axis when its values span a decade or more)."""
+    if _spans_decades(ys):
+        ax.set_yscale("log")
+        _log_axis(ax.yaxis, min(ys) / 1.3, max(ys) * 1.3)
+    ax.set_xlabel(
+        f"state messages per task (points drawn up to {100 * SPREAD:g}% of the range apart)", fontsize=8
+    )
+    ax.set_ylabel(TRADEOFF_Y[y_key])
+    title = "what each policy buys with its messages" if alone else TRADEOFF_Y[y_key].partition(" (")[0]
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+
+
 def tradeoff(
     directory: Path,
     points: Sequence[tuple[dict[str, str], Result]],
@@ -471,24 +494,7 @@ def tradeoff(
                     dx, dy = ((6, 6), (6, -12), (-6, 6), (-6, -12))[k % 4]
                     ha = "left" if dx > 0 else "right"
                     ax.annotate(combo, (x, y), fontsize=7, xytext=(dx, dy), textcoords="offset points", ha=ha)
-        if _spans_decades(ys_all):
-            ax.set_yscale("log")
-            _log_axis(ax.yaxis, min(ys_all) / 1.3, max(ys_all) * 1.3)
-        ax.set_xlabel(
-            f"state messages per task (points drawn up to {100 * SPREAD:g}% of the range apart)", fontsize=8
-        )
-        ylabel = {
-            "utility": "utility per node",
-            "mean_sojourn": "mean sojourn (model s)",
-            "sojourn_p50": "median sojourn (model s)",
-            "sojourn_p99": "99th percentile of the sojourn (model s)",
-        }[y_key]
-        ax.set_ylabel(ylabel)
-        ax.set_title(
-            "what each policy buys with its messages" if len(y_keys) == 1 else ylabel.partition(" (")[0],
-            fontsize=10,
-        )
-        ax.grid(True, which="both", alpha=0.3)
+        _tradeoff_axes(ax, y_key, ys_all, alone=len(y_keys) == 1)
     # one legend (matplotlib lays out one beside the axes): the policies' colours, then the settings'
     # markers
     setting_handles = [

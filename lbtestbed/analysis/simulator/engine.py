@@ -192,10 +192,9 @@ class Simulator:
         return self.measure.raw(self.events, time.perf_counter() - wall)
 
     def _loop(self, boundaries: list[float], drain_until: float, pick: Callable[[], int] | None) -> None:
-        """The event loop: the next arrival or the next queued event, whichever comes first (the arrival at
-        equal times), until the window is over and every task it saw is done (or the drain ends). Arrivals
-        and completions are handled here without a call (an instant probe's arrivals too); so is the number
-        of tasks in the system, integrated at each change (``self.left``: those that left elsewhere)."""
+        """The next arrival or queued event, whichever is first (arrivals first at equal times), until the
+        window's tasks are done (or the drain ends); arrivals (an instant probe's too), completions and the
+        tasks in the system (integrated at each change) are handled here, without a call."""
         queue, today, measure, arrivals = self.queue, self.today, self.measure, self.arrivals
         nodes, occupancy = self.nodes, self.occupancy
         is_fcfs, node_class, sojourn, sojourn_class = self.is_fcfs, self.node_class, *measure.sojourns()
