@@ -53,6 +53,10 @@ def lbt(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
         (["load", JIQ, "--dispatcher", "http://127.0.0.1:9", "--", "--csv", "out"], "--csv"),
         (["load", JIQ, "--dispatcher", "http://127.0.0.1:9", "--locust", "--", "--host", "x"], "--host"),
         (["load", JIQ, "--dispatcher", "http://127.0.0.1:9", "--locust", "--", "--lbt-spec=x"], "--lbt-spec"),
+        # what the load shape sets: users, spawn rate and run time are not locust's to change here
+        (["load", JIQ, "--dispatcher", "http://127.0.0.1:9", "--locust", "--", "-u", "5"], "'-u'"),
+        (["load", JIQ, "--dispatcher", "http://127.0.0.1:9", "--locust", "--", "-r", "2"], "'-r'"),
+        (["load", JIQ, "--dispatcher", "http://127.0.0.1:9", "--locust", "--", "--run-time=3s"], "run-time"),
         (["simulate", JIQ, "--", "--csv", "out"], "--csv"),
         (["simulate", JIQ, "--set", "policy.split=sideways"], "policy.split"),
         (["simulate", JIQ, "--set", "policy.dispatchers=65"], "policy.dispatchers"),
