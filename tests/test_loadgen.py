@@ -409,6 +409,32 @@ async def test_a_schedule_without_tasks_takes_no_time() -> None:
 
 
 @pytest.mark.parametrize("precise", [True, False], ids=["timerfd", "loop-timers"])
+def test_an_alarm_beyond_any_run_is_never_called_and_raises_nothing(
+    precise: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node's own task route accepts any finite work: a task of 1e300 seconds has its completion at an
+    instant no C long holds (or at infinity once scaled). Its alarm replaces the one before and never
+    calls; a near instant afterwards is called as usual (the fuzzer's 500 and the node's traceback)."""
+    if not precise:
+        monkeypatch.setattr(alarm, "_libc", lambda: None)
+
+    async def main() -> list[str]:
+        loop = asyncio.get_running_loop()
+        a = alarm.Alarm(loop)
+        called: list[str] = []
+        a.at(time.monotonic() + 0.005, lambda: called.append("replaced"))
+        for far in (time.monotonic() + 1e300, math.inf, math.nan):
+            a.at(far, lambda: called.append("far"))
+        await asyncio.sleep(0.02)
+        a.at(time.monotonic() + 0.002, lambda: called.append("near"))
+        await asyncio.sleep(0.05)
+        a.close()
+        return called
+
+    assert uvloop.run(main()) == ["near"]
+
+
+@pytest.mark.parametrize("precise", [True, False], ids=["timerfd", "loop-timers"])
 def test_an_alarm_calls_back_at_its_instant_and_not_before(
     precise: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:

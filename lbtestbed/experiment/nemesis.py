@@ -47,7 +47,7 @@ from typing import Any, NamedTuple
 
 import psutil
 
-from lbtestbed.analysis.measurement.scrape import Snapshot
+from lbtestbed.analysis.measurement.scrape import ProcessSamples, Snapshot
 from lbtestbed.cluster.launcher import Cluster, split_nodes, started
 from lbtestbed.experiment.chaos import faults_toml, healed, picture
 from lbtestbed.experiment.fault_injector import check
@@ -433,6 +433,27 @@ def _served_through(outages: Sequence[dict[str, Any]], process: str, sch: Schedu
     )
 
 
+def _one_process_through(
+    outcome: NemesisOutcome,
+    url: str,
+    process: str,
+    sch: Schedule,
+    end: float,
+    before: Snapshot,
+    after: Snapshot,
+) -> tuple[ProcessSamples, ProcessSamples] | None:
+    """The process's pages at both ends when one and the same process (one start time) served all
+    through the schedule, so that its counters' difference counts the schedule's tasks; else None."""
+    a, b = before.processes.get(url), after.processes.get(url)
+    if (
+        a is None
+        or b is None
+        or a.value("process_start_time_seconds") != b.value("process_start_time_seconds")
+    ):
+        return None
+    return (a, b) if _served_through(outcome.outages, process, sch, end) else None
+
+
 def _counters(
     outcome: NemesisOutcome,
     sch: Schedule,
@@ -447,16 +468,11 @@ def _counters(
     answered = Counter((f.dispatcher, f.ends[0]) for f in mine.values() if len(f.ends) == 1)
     any_dispatcher_out = False
     for d, url in enumerate(outcome.dispatchers):
-        a, b = before.processes.get(url), after.processes.get(url)
-        same = (
-            a is not None
-            and b is not None
-            and a.value("process_start_time_seconds") == b.value("process_start_time_seconds")
-        )
-        if not (same and _served_through(outcome.outages, f"dispatcher-{d}", sch, end)):
+        pages = _one_process_through(outcome, url, f"dispatcher-{d}", sch, end, before, after)
+        if pages is None:
             any_dispatcher_out = True
             continue
-        assert a is not None and b is not None
+        a, b = pages
         for fate in ("completed", "refused", "lost"):
             counted = b.value("lbtestbed_dispatcher_tasks_total", outcome=fate) - a.value(
                 "lbtestbed_dispatcher_tasks_total", outcome=fate
@@ -468,15 +484,10 @@ def _counters(
     completed_at = Counter(f.node for f in mine.values() if f.ends == ["completed"])
     groups = split_nodes(exp.n, len(outcome.node_hosts))
     for j, url in enumerate(outcome.node_hosts):
-        a, b = before.processes.get(url), after.processes.get(url)
-        same = (
-            a is not None
-            and b is not None
-            and a.value("process_start_time_seconds") == b.value("process_start_time_seconds")
-        )
-        if not (same and _served_through(outcome.outages, f"nodes-{j}", sch, end)):
+        pages = _one_process_through(outcome, url, f"nodes-{j}", sch, end, before, after)
+        if pages is None:
             continue
-        assert a is not None and b is not None
+        a, b = pages
         arrived = b.value("lbtestbed_node_arrivals_total") - a.value("lbtestbed_node_arrivals_total")
         done = b.value("lbtestbed_node_completions_total") - a.value("lbtestbed_node_completions_total")
         if arrived != done:

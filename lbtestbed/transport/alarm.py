@@ -25,6 +25,10 @@ from typing import Any
 
 CLOCK_MONOTONIC = 1
 TFD_TIMER_ABSTIME = 1
+#: wall seconds: an instant further away is never reached while a process lives (a node's task of 1e300
+#: seconds of work, which the node's own route accepts), and is not armed: the timerfd's seconds are a C
+#: long, and the loop's timers overflow too
+NEVER = 1e9
 
 
 class _Timespec(ctypes.Structure):
@@ -70,7 +74,11 @@ class Alarm:
         return self.fd >= 0
 
     def at(self, when: float, callback: Callable[..., None], *args: Any) -> None:
-        """Call ``callback(*args)`` at the monotonic instant ``when``."""
+        """Call ``callback(*args)`` at the monotonic instant ``when`` (never, when it is NEVER or more
+        away, or not a number)."""
+        if not when - time.monotonic() < NEVER:
+            self.cancel()
+            return
         self.callback, self.args, self.when = callback, args, when
         if self.fd < 0:
             if self.handle is not None:
