@@ -88,3 +88,34 @@ def test_the_spec_takes_a_tolerance_or_off() -> None:
         with pytest.raises(SpecError) as info:
             load_spec(EXAMPLE, [f"run.tolerance={bad}"])
         assert info.value.key == "run.tolerance"
+
+
+def test_an_interval_wider_than_the_tolerance_asks_for_a_longer_run() -> None:
+    """The demo's SLTA run: messages per task +5.4 % +- 7.4 % at time scale 1, tolerance 5 %. No time scale
+    alone can make that interval fit: a run (0.074 / 0.025)^2 = 8.8 times longer, 10 on the grid, narrows it
+    to 0.074 / sqrt(10) = 2.3 %, beside which the point estimate must shrink to 2.7 %: time scale
+    0.054 / 0.0266 = 2.03, 5 on the grid."""
+    rep = judge([cost("messages_per_task", 0.054, 0.074)], 0.05, 1.0)
+    assert rep.holds is False
+    assert rep.suggested_duration_factor() == pytest.approx(10.0)
+    assert rep.suggested_time_scale() == pytest.approx(5.0)
+    line = rep.line()
+    assert line is not None and "a run 10 times longer (run.duration)" in line
+    assert "time_scale 5 would be (this run: 1)" in line
+    assert rep.to_json()["suggested_duration_factor"] == pytest.approx(10.0)
+
+
+def test_a_small_cost_with_a_wide_interval_needs_only_a_longer_run() -> None:
+    """+1 % +- 8 %: (0.08 / 0.025)^2 = 10.2 times longer, 20 on the grid; then 0.01 fits beside 0.08 /
+    sqrt(20) = 1.8 % at the run's own time scale, so no time scale is named."""
+    rep = judge([cost("mean_sojourn", 0.01, 0.08)], 0.05, 0.1)
+    assert rep.suggested_duration_factor() == pytest.approx(20.0)
+    assert rep.suggested_time_scale() is None
+    line = rep.line()
+    assert line is not None and "20 times longer" in line and "time_scale" not in line.split(";")[1]
+
+
+def test_an_interval_inside_the_tolerance_asks_for_no_longer_run() -> None:
+    rep = judge([cost("utility", diff=-0.24, diff_ci=0.045, expected=3.0)], 0.05, 0.02)
+    assert rep.suggested_duration_factor() is None
+    assert rep.to_json()["suggested_duration_factor"] is None

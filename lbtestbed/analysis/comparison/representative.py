@@ -11,9 +11,17 @@ tolerance is not shown to be small enough, so the run is not called representati
 point estimate, decides, and a longer run can only help.
 
 The emulation's delays are wall times: at a time scale s a delay of w wall seconds is w / s model seconds,
-so, for the same machine, a cost shrinks in proportion to s. A run that is not representative names the
-time scale its worst cost says would be, s times its worst bound over the tolerance, rounded up to the
-1-2-5 grid: an estimate that errs on the safe side, since a slower run also loads the machine less.
+so, for the same machine, a cost shrinks in proportion to s; its interval is the run's length (about
+1/sqrt of the measured window). A run that is not representative says what would be:
+
+* where a cost's interval alone is wider than the tolerance, the run is too short to show any cost small
+  enough, whatever the time scale: it names how many times longer a run (``run.duration``) would narrow
+  the widest interval to half the tolerance, (interval / (tolerance / 2))^2 rounded up to the 1-2-5 grid;
+* and the time scale at which each cost's point estimate, shrunk in proportion, fits beside its interval
+  (that of the longer run where one is named): s |cost| / (tolerance - interval), the largest over the
+  costs beyond, rounded up on the 1-2-5 grid: an estimate that errs on the safe side, since a slower run
+  also loads the machine less (and its paths part less, which narrows the interval too). None when the
+  run's own time scale is enough.
 """
 
 from __future__ import annotations
@@ -87,14 +95,36 @@ class Representative:
     def worst(self) -> Cost | None:
         return max(self.costs, key=lambda c: c.bound, default=None)
 
-    def suggested_time_scale(self) -> float | None:
-        """The time scale at which the worst cost would fit the tolerance (module docstring); None when it
-        fits already or the check is off."""
-        worst = self.worst
-        if self.holds is not False or worst is None or self.tolerance is None:
+    def _beyond(self) -> list[Cost]:
+        """The costs whose interval reaches past the tolerance (none unless judged)."""
+        if self.holds is not False or self.tolerance is None:
+            return []
+        return [c for c in self.costs if c.bound > self.tolerance]
+
+    def suggested_duration_factor(self) -> float | None:
+        """How many times longer a run would narrow the widest interval to half the tolerance, when some
+        interval alone is at least the tolerance (module docstring); else None."""
+        tol = self.tolerance
+        widest = max((c.ci95 or 0.0 for c in self._beyond()), default=0.0)
+        if tol is None or widest < tol:
             return None
-        need = self.time_scale * worst.bound / self.tolerance
-        return next((s for s in GRID if s >= need * (1 - 1e-12)), GRID[-1])
+        return _on_grid((widest / (tol / 2)) ** 2)
+
+    def suggested_time_scale(self) -> float | None:
+        """The time scale at which every cost beyond would fit the tolerance beside its interval (that of
+        the longer run ``suggested_duration_factor`` names, if any); None when it fits already, the check
+        is off, or this run's time scale is enough (module docstring)."""
+        beyond, tol = self._beyond(), self.tolerance
+        if not beyond or tol is None:
+            return None
+        longer = self.suggested_duration_factor()
+        need = 0.0
+        for c in beyond:
+            ci = c.ci95 or 0.0
+            if longer is not None:
+                ci /= math.sqrt(longer)
+            need = max(need, self.time_scale * abs(c.cost) / (tol - ci))
+        return None if need <= self.time_scale else _on_grid(need)
 
     def line(self) -> str | None:
         """The headline's second sentence, or None when not judged."""
@@ -104,12 +134,16 @@ class Representative:
         tol = f"±{100 * (self.tolerance or 0.0):.3g} %"
         if holds:
             return f"REPRESENTATIVE: every net cost within {tol} (run.tolerance; largest {worst.text()})"
-        bad = [c for c in self.costs if c.bound > (self.tolerance or 0.0)]
-        what = ", ".join(c.text() for c in sorted(bad, key=lambda c: -c.bound))
+        what = ", ".join(c.text() for c in sorted(self._beyond(), key=lambda c: -c.bound))
+        longer, scale = self.suggested_duration_factor(), self.suggested_time_scale()
+        would = []
+        if longer is not None:
+            would.append(f"a run {longer:g} times longer (run.duration) would narrow the interval")
+        if scale is not None:
+            would.append(f"time_scale {scale:g} would be (this run: {self.time_scale:g})")
         return (
             f"NOT REPRESENTATIVE: the emulation's own delays cost {what}, beyond {tol} (run.tolerance); "
-            f"the measured costs say time_scale {self.suggested_time_scale():g} would be (this run: "
-            f"{self.time_scale:g})"
+            f"the measured costs say {' and '.join(would)}"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -118,7 +152,13 @@ class Representative:
             "holds": self.holds,
             "costs": [{**asdict(c), "bound": c.bound} for c in self.costs],
             "suggested_time_scale": self.suggested_time_scale(),
+            "suggested_duration_factor": self.suggested_duration_factor(),
         }
+
+
+def _on_grid(x: float) -> float:
+    """``x`` rounded up to the 1-2-5 grid (its largest step beyond)."""
+    return next((s for s in GRID if s >= x * (1 - 1e-12)), GRID[-1])
 
 
 def net_costs(verdicts: Sequence[Verdict]) -> tuple[Cost, ...]:
