@@ -156,14 +156,32 @@ class Watch:
 
     async def _check(self, session: aiohttp.ClientSession, e: Endpoint) -> str | None:
         """Why ``e`` does not serve now (None: it serves): ``dead``, ``stopped``, ``starting``, or ``no
-        answer`` (one check unanswered)."""
-        if self.local:
-            proc = started(e)
-            if not proc.ours():
-                return "dead"
-            with contextlib.suppress(psutil.Error):
-                if psutil.Process(proc.pid).status() == psutil.STATUS_STOPPED:
+        answer`` (one check unanswered). A process of ours is also looked at every heartbeat while its
+        health request is out: one stopped while the request was on its way answers it when continued
+        (within the timeout: a stall of 0.3 s), or misses only this one check (forgiven once), and no
+        check would have seen it out."""
+        if not self.local:
+            return await self._health(session, e)
+        proc = started(e)
+        if not proc.ours():
+            return "dead"
+        if _stopped(proc.pid):
+            return "stopped"
+        health = asyncio.ensure_future(self._health(session, e))
+        try:
+            while not health.done():
+                await asyncio.wait({health}, timeout=self.exp.health.heartbeat)
+                if not health.done() and _stopped(proc.pid):
                     return "stopped"
+            return health.result()
+        finally:  # stopped, or the watch itself cancelled: no request left behind
+            if not health.done():
+                health.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await health
+
+    async def _health(self, session: aiohttp.ClientSession, e: Endpoint) -> str | None:
+        """``e``'s answer to its health request: None (serves), ``starting`` or ``no answer``."""
         try:
             timeout = aiohttp.ClientTimeout(total=self.exp.health.timeout)
             async with session.get(f"{e.url}{PREFIX}/health", timeout=timeout) as resp:
@@ -255,6 +273,13 @@ class _Silence:
             self.since = (pid, time.monotonic())
         limit = restart_after if pid == self.answered_pid else max(restart_after, START)
         return time.monotonic() - self.since[1] >= limit
+
+
+def _stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP); a process gone is not."""
+    with contextlib.suppress(psutil.Error):
+        return bool(psutil.Process(pid).status() == psutil.STATUS_STOPPED)
+    return False
 
 
 def exclusions(exp: Experiment, outages: Sequence[dict[str, Any]]) -> list[tuple[float, float]]:
