@@ -47,6 +47,7 @@ MODULES = {
     "calendar_queue": "analysis/simulator/calendar_queue.py",
     "delays": "analysis/simulator/delays.py",
     "measure": "analysis/simulator/measure.py",
+    "rates": "analysis/simulator/rates.py",
     "nodes": "model/nodes.py",
     "workload": "model/workload.py",
 }
@@ -56,6 +57,7 @@ REWRITES = {
     "lbtestbed.analysis.simulator.calendar_queue": f"{TWIN}.calendar_queue",
     "lbtestbed.analysis.simulator.delays": f"{TWIN}.delays",
     "lbtestbed.analysis.simulator.measure": f"{TWIN}.measure",
+    "lbtestbed.analysis.simulator.rates": f"{TWIN}.rates",
     "lbtestbed.model.nodes": f"{TWIN}.nodes",
     "lbtestbed.model.workload": f"{TWIN}.workload",
 }
@@ -173,7 +175,8 @@ def load(root: Path | None = None, package: Path = PACKAGE) -> ModuleType:
         path = str(dest / "src")
         sys.path.insert(0, path)  # only while importing: the copies and mypyc's shared library live here
         try:
-            importlib.import_module(name)
+            for twin_name in MODULES:  # the rates kernel too, which the event kernel does not import
+                importlib.import_module(f"{TWIN}.{twin_name}")
         except ImportError as e:
             raise Unavailable(f"cannot import the build in {dest}: {e}; {BUILD_HINT}") from None
         finally:
