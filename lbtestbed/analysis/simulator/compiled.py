@@ -1,8 +1,8 @@
 """The simulator compiled with mypyc: used by default where it is built, refused once its sources change.
 
 ``python -m lbtestbed.analysis.simulator.compiled build`` compiles copies of the simulator's modules
-(``MODULES``: the kernel, its queue, delays and measurement, the node models and the workload) with
-mypyc, as the private package ``_lbt_compiled``, and records the SHA-256 of every source it compiled. The
+(``MODULES``: the event kernel, its queue, delays and measurement, the rates kernel, the node models and
+the workload) with mypyc, as the private package ``_lbt_compiled``, and records the SHA-256 of every source it compiled. The
 build lives outside the package (``default_root``: ``$LBT_COMPILED_DIR``; in a source checkout its
 ``build/compiled-simulator/``; else the user's cache), one directory per extension ABI. Compiling the
 modules in place would put ``.so`` files beside the sources, where an editable install imports them
@@ -200,8 +200,10 @@ def selected() -> bool:
 _said: list[str] = []
 
 
-def run_selected(exp: Experiment, replication: int = 0, progress: Progress | None = None) -> RawRun | None:
-    """One replication on the compiled simulator, unless ``LBT_SIMULATOR=python``; None when not asked
+def run_selected(
+    exp: Experiment, replication: int = 0, progress: Progress | None = None, kernel: str = "events"
+) -> RawRun | None:
+    """One replication on the compiled simulator's ``kernel`` (``events`` or ``rates``), unless ``LBT_SIMULATOR=python``; None when not asked
     for, or when the build is unavailable (then with one line per process: the pure-Python simulator gives
     the same result)."""
     if not selected():
@@ -213,7 +215,10 @@ def run_selected(exp: Experiment, replication: int = 0, progress: Progress | Non
             _said.append(str(e))
             print(f"lbt: note: compiled simulator: {e}; running the pure-Python one", file=sys.stderr)
         return None
-    raw = module.Simulator(exp, replication, progress).run()
+    if kernel == "rates":
+        raw = sys.modules[f"{TWIN}.rates"].RatesSimulator(exp, replication, progress).run()
+    else:
+        raw = module.Simulator(exp, replication, progress).run()
     assert isinstance(raw, RawRun)  # the copies build the package's own RawRun: it is not compiled
     return raw
 
