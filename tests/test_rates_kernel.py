@@ -69,7 +69,9 @@ def metrics(raw: RawRun, classes: int) -> dict[str, float]:
     out: dict[str, float] = {}
     keys = ["mean_sojourn", "mean_tasks_per_node", "tasks_in_system", "idle_nodes", "messages_per_task"]
     keys += [k for k in ("wait_probability", "idle_capacity") if k in raw.ratios]
-    keys += [f"sojourn:{c}" for c in range(classes)] + [f"tail:{c}:{j}" for c in range(classes) for j in (1, 3)]
+    keys += [f"sojourn:{c}" for c in range(classes)] + [
+        f"tail:{c}:{j}" for c in range(classes) for j in (1, 3)
+    ]
     for key in keys:
         if key not in raw.ratios:  # a tail no node reached in this run: no time there
             out[key] = 0.0
@@ -191,7 +193,16 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
         "classes[0] ('p') is a pool: it serves fcfs and ps nodes",
     ),
     "speeds_drawn": (
-        {"classes": [{"name": "q", "count": 4, "discipline": "fcfs", "speed": {"dist": "uniform", "low": 0.5, "high": 1.5}}]},
+        {
+            "classes": [
+                {
+                    "name": "q",
+                    "count": 4,
+                    "discipline": "fcfs",
+                    "speed": {"dist": "uniform", "low": 0.5, "high": 1.5},
+                }
+            ]
+        },
         "classes[0] ('q') draws each node's speed (uniform(0.5, 1.5)): it needs one per class",
     ),
     "delay": ({"network": {"delay": 0.01}}, "network.delay: its messages and probes arrive at once"),
@@ -218,7 +229,10 @@ def test_a_spec_it_cannot_simulate_exactly_is_refused(case: str) -> None:
 
 def test_records_need_the_event_kernel(tmp_path: Path) -> None:
     exp = parse_spec(spec("power_of_d"))
-    with open(tmp_path / "r.csv", "w") as f, pytest.raises(BadInput, match="--records needs the event kernel"):
+    with (
+        open(tmp_path / "r.csv", "w") as f,
+        pytest.raises(BadInput, match="--records needs the event kernel"),
+    ):
         simulate(exp, kernel="rates", records=f, quiet=True)
 
 
@@ -250,7 +264,17 @@ def test_cli_runs_the_rates_kernel(tmp_path: Path) -> None:
         '[workload]\nload = 0.5\n[policy]\nname = "jiq"\n[run]\nduration = 20.0\n'
     )
     proc = subprocess.run(
-        [sys.executable, "-m", "lbtestbed.cli", "simulate", str(path), "--kernel", "rates", "--json", "--quiet"],
+        [
+            sys.executable,
+            "-m",
+            "lbtestbed.cli",
+            "simulate",
+            str(path),
+            "--kernel",
+            "rates",
+            "--json",
+            "--quiet",
+        ],
         capture_output=True,
         text=True,
         check=False,

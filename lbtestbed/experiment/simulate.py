@@ -35,7 +35,7 @@ def simulate(
     if kernel == "rates":
         why = unsupported(exp)
         if why is not None:
-            raise BadInput(f"--kernel rates: {why} (docs/simulator.md, \"The rates kernel\")")
+            raise BadInput(f'--kernel rates: {why} (docs/simulator.md, "The rates kernel")')
         if records is not None:
             raise BadInput("--kernel rates keeps no task objects: --records needs the event kernel")
     if replications == 1:

@@ -2,12 +2,12 @@
 
 ``python -m lbtestbed.analysis.simulator.compiled build`` compiles copies of the simulator's modules
 (``MODULES``: the event kernel, its queue, delays and measurement, the rates kernel, the node models and
-the workload) with mypyc, as the private package ``_lbt_compiled``, and records the SHA-256 of every source it compiled. The
-build lives outside the package (``default_root``: ``$LBT_COMPILED_DIR``; in a source checkout its
-``build/compiled-simulator/``; else the user's cache), one directory per extension ABI. Compiling the
-modules in place would put ``.so`` files beside the sources, where an editable install imports them
-instead of the ``.py`` files long after those have changed; the copies here are imported only through
-``load()``, which checks the recorded hashes against the current sources first and refuses a stale
+the workload) with mypyc, as the private package ``_lbt_compiled``, and records the SHA-256 of every source
+it compiled. The build lives outside the package (``default_root``: ``$LBT_COMPILED_DIR``; in a source
+checkout its ``build/compiled-simulator/``; else the user's cache), one directory per extension ABI.
+Compiling the modules in place would put ``.so`` files beside the sources, where an editable install
+imports them instead of the ``.py`` files long after those have changed; the copies here are imported only
+through ``load()``, which checks the recorded hashes against the current sources first and refuses a stale
 build. ``build`` does nothing when the build is current, so ``make test`` and ``make demo`` (which run it)
 pay for it only when a source has changed.
 
@@ -203,9 +203,9 @@ _said: list[str] = []
 def run_selected(
     exp: Experiment, replication: int = 0, progress: Progress | None = None, kernel: str = "events"
 ) -> RawRun | None:
-    """One replication on the compiled simulator's ``kernel`` (``events`` or ``rates``), unless ``LBT_SIMULATOR=python``; None when not asked
-    for, or when the build is unavailable (then with one line per process: the pure-Python simulator gives
-    the same result)."""
+    """One replication on the compiled simulator's ``kernel`` (``events`` or ``rates``), unless
+    ``LBT_SIMULATOR=python``; None when not asked for, or when the build is unavailable (then with one line
+    per process: the pure-Python simulator gives the same result)."""
     if not selected():
         return None
     try:

@@ -529,7 +529,6 @@ class Simulator:
         return fast
 
 
-
 #: whether this module runs compiled (mypyc): see _calendar
 COMPILED = not __file__.endswith(".py")
 

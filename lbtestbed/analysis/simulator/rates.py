@@ -28,24 +28,27 @@ import math
 import time
 from collections.abc import Callable
 
-import numpy as np
-
 from lbtestbed.analysis.results.raw import RawRun
 from lbtestbed.analysis.simulator.measure import Measurement
 from lbtestbed.model.conditions import speed_changes
 from lbtestbed.model.experiment import Experiment
-from lbtestbed.model.streams import seed_sequence, seeded_random
+from lbtestbed.model.streams import seeded_random
 from lbtestbed.model.workload import PoissonWorkload
-from lbtestbed.policies import DispatcherSide, Message, NodeSide, Probe, Route, make_dispatcher, make_node_sides
+from lbtestbed.policies import (
+    DispatcherSide,
+    Message,
+    NodeSide,
+    Probe,
+    Route,
+    make_dispatcher,
+    make_node_sides,
+)
 from lbtestbed.policies.catalog import policy_of
 from lbtestbed.policies.sampling import InstantProbe
 
 INF = math.inf
 #: the disciplines whose busy node completes at one rate, whatever it holds
 DISCIPLINES = ("fcfs", "ps")
-#: random numbers drawn at a time (numpy's scalar calls are slow)
-BLOCK = 4096
-
 Progress = Callable[[float], None]
 
 
@@ -62,7 +65,8 @@ def unsupported(exp: Experiment) -> str | None:
         if c.discipline not in DISCIPLINES:
             return f"classes[{i}] ({c.name!r}) is a {c.discipline}: it serves fcfs and ps nodes"
         if c.speed.value is None:
-            return f"classes[{i}] ({c.name!r}) draws each node's speed ({c.speed.describe()}): it needs one per class"
+            drawn = c.speed.describe()
+            return f"classes[{i}] ({c.name!r}) draws each node's speed ({drawn}): it needs one per class"
     if exp.network.delay is not None:
         return "network.delay: its messages and probes arrive at once"
     if exp.faults:
@@ -95,11 +99,9 @@ class RatesSimulator:
         self.dispatcher = make_dispatcher(exp, policy_rng, 0, 1)
         self.sides = make_node_sides(exp, policy_rng, dispatchers=1, replication=replication)
         self.workload = PoissonWorkload(exp, replication)  # its times; the works are not read
-        self.rng = np.random.default_rng(seed_sequence(exp.seed, "rates", replication))
-        self.exps: list[float] = []
-        self.ei = 0
-        self.unis: list[float] = []
-        self.ui = 0
+        # its own draws one at a time: a block of floats kept in a list would land all over a heap that
+        # other runs left fragmented (benchmarks/README.md, "What grows with n")
+        self.uniform = seeded_random(exp.seed, "rates", replication).random
         n, classes = exp.n, exp.classes
         self.x = [0] * n  # tasks at each node
         mean = exp.workload.service.mean
@@ -195,18 +197,8 @@ class RatesSimulator:
             self.progress(min(1.0, t / self.drain_until))
 
     def _exponential(self) -> float:
-        """A standard exponential draw."""
-        if self.ei == len(self.exps):
-            self.exps, self.ei = self.rng.standard_exponential(BLOCK).tolist(), 0
-        self.ei += 1
-        return self.exps[self.ei - 1]
-
-    def _uniform(self) -> float:
-        """A uniform draw on [0, 1)."""
-        if self.ui == len(self.unis):
-            self.unis, self.ui = self.rng.random(BLOCK).tolist(), 0
-        self.ui += 1
-        return self.unis[self.ui - 1]
+        """A standard exponential draw, by inversion (1 - u is in (0, 1])."""
+        return -math.log(1.0 - self.uniform())
 
     def _class_of(self, k: int) -> int:
         """Node ``k``'s class (nodes are numbered class by class)."""
@@ -284,7 +276,7 @@ class RatesSimulator:
         """A candidate completion at ``t`` at a node chosen with probability mu_c / ``rate`` (one uniform
         draw chooses the class and the node in it); False when that node is idle (void). The task that
         leaves is the node's first (FCFS) or any of its tasks, uniformly (PS)."""
-        u, c, first = self._uniform() * rate, 0, 0
+        u, c, first = self.uniform() * rate, 0, 0
         ends, mu = self.ends, self.mu
         while c < len(ends) - 1 and u >= (ends[c] - first) * mu[c]:
             u -= (ends[c] - first) * mu[c]
@@ -302,7 +294,7 @@ class RatesSimulator:
             if self.fifo[c] or xk == 1:
                 arrived = stamps.pop(0)
             else:
-                j = int(self._uniform() * xk)
+                j = int(self.uniform() * xk)
                 arrived = stamps[j]
                 stamps[j] = stamps[-1]
                 stamps.pop()
