@@ -191,10 +191,11 @@ class RatesSimulator:
         self.in_system = n_sys
 
     def _tick(self, t: float) -> None:
-        """``progress`` hears how far the run is, once a second at most."""
+        """``progress`` hears how far the run is (of warm-up and window: a drain, if any, is short), once a
+        second at most."""
         if self.progress is not None and time.perf_counter() > self.report_at:
             self.report_at = time.perf_counter() + 1.0
-            self.progress(min(1.0, t / self.drain_until))
+            self.progress(min(1.0, t / self.measure.t_end))
 
     def _exponential(self) -> float:
         """A standard exponential draw, by inversion (1 - u is in (0, 1])."""
