@@ -46,13 +46,15 @@ BASE: dict[str, Any] = {
     "run": {"warmup": 20.0, "duration": 200.0, "batches": 10},
 }
 #: the paths of the kernel: the instant probe (power_of_d), node messages (jiq's tokens, jsq's departure
-#: notices), task ends heard by the dispatcher (least_request: FCFS tasks followed to their end), two
-#: classes of other speeds and disciplines (a PS class: its departures chosen among its tasks)
+#: notices), task ends heard by the dispatcher (least_request: FCFS tasks followed to their end; peak_ewma,
+#: whose dispatcher reads the clock too), two classes of other speeds and disciplines (a PS class: its
+#: departures chosen among its tasks)
 CASES: dict[str, dict[str, Any]] = {
     "power_of_d": {"policy": {"name": "power_of_d", "d": 2}},
     "jiq": {"policy": {"name": "jiq"}},
     "jsq": {"policy": {"name": "jsq"}},
     "least_request": {"policy": {"name": "least_request"}},
+    "peak_ewma": {"policy": {"name": "peak_ewma"}},
     "two_classes_ps": {
         "policy": {"name": "power_of_d", "d": 2},
         "classes": [

@@ -99,8 +99,7 @@ class RatesSimulator:
         self.dispatcher = make_dispatcher(exp, policy_rng, 0, 1)
         self.sides = make_node_sides(exp, policy_rng, dispatchers=1, replication=replication)
         self.workload = PoissonWorkload(exp, replication)  # its times; the works are not read
-        # its own draws one at a time: a block of floats kept in a list would land all over a heap that
-        # other runs left fragmented (benchmarks/README.md, "What grows with n")
+        # its own draws, on a stream of their own: uniforms, and exponentials from them (_exponential)
         self.uniform = seeded_random(exp.seed, "rates", replication).random
         n, classes = exp.n, exp.classes
         self.x = [0] * n  # tasks at each node
@@ -113,7 +112,7 @@ class RatesSimulator:
         self.quiet_departure = all(type(s).on_departure is NodeSide.on_departure for s in self.sides)
         self.fifo = [c.discipline == "fcfs" for c in classes]
         # a class whose tasks' sojourns are known only when they leave keeps their arrival times: PS, and
-        # FCFS when the dispatcher hears each task's latency; FCFS draws them on arrival (_arrival_sojourn)
+        # FCFS when the dispatcher hears each task's latency; FCFS draws them on arrival (_fcfs_sojourn)
         self.stamped = [not fifo or self.hears_done for fifo in self.fifo]
         self.stamps: list[list[float]] = [[] for _ in range(n)] if any(self.stamped) else []
         # per class and level j: nodes holding exactly j tasks, and their node-seconds up to ``since``
@@ -290,6 +289,7 @@ class RatesSimulator:
         self.x[k] = xk - 1
         self._step(c, xk, xk - 1, t)
         self.completions += 1
+        arrived = t
         if self.stamped[c]:
             stamps = self.stamps[k]
             if self.fifo[c] or xk == 1:
@@ -300,16 +300,15 @@ class RatesSimulator:
                 stamps[j] = stamps[-1]
                 stamps.pop()
             self._left(c, arrived, t - arrived)
-            if self.hears_done:
-                if self.clocked:
-                    self.dispatcher.now = t
-                self.dispatcher.on_task_done(k, t - arrived)  # no delays: forwarded when it arrived
+        if self.clocked:
+            self.dispatcher.now = t
+        # in the event kernel's order: the node side's messages, then the end of the task
         if not self.quiet_departure:
-            if self.clocked:
-                self.dispatcher.now = t
             msgs = self.sides[k].on_departure(xk - 1, 0)
             if msgs:
                 self.to_dispatcher(msgs)
+        if self.hears_done:  # its tasks are stamped: no delays, so forwarded when it arrived
+            self.dispatcher.on_task_done(k, t - arrived)
         return True
 
     def _left(self, c: int, arrived: float, s: float) -> None:
