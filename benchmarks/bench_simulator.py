@@ -51,6 +51,7 @@ import simulator_scale  # beside this file
 
 from lbtestbed.analysis.simulator import compiled
 from lbtestbed.analysis.simulator.engine import Simulator
+from lbtestbed.analysis.simulator.rates import unsupported
 from lbtestbed.model.experiment import Experiment
 from lbtestbed.spec import parse_spec
 
@@ -517,13 +518,13 @@ def print_table(res: dict[str, Any]) -> None:
     )
     word = "agree" if res["models_agree"] else "DISAGREE"
     print(f"models {word} with lbtestbed (tolerance {100 * res['tolerance']:g}%): {diffs}")
-    if res.get("scaling"):
-        print_scaling(res["scaling"])
-    if res.get("million"):
-        big = res["million"]
+    for scale in res.get("scaling", {}).values():
+        print_scaling(scale)
+    for big in res.get("million", {}).values():
         verdict = "within" if big["within_limit"] else "OVER"
         print(
-            f"{big['nodes']:,} nodes, {big['policy']} ({big['simulator']}), {big['model_seconds']:g} model s:"
+            f"{big['nodes']:,} nodes, {big['policy']} ({big['simulator']}, {big['kernel']} kernel), "
+            f"{big['model_seconds']:g} model s:"
             " "
             f"{big['events']:,} events at {big['events_per_s']:,.0f} events/s; "
             f"peak memory {big['peak_mb']:,.0f} MB ({verdict} {big['limit_mb']:,.0f} MB)"
@@ -535,8 +536,8 @@ def print_scaling(scale: dict[str, Any]) -> None:
     rates = ", ".join(f"n={int(n):,}: {r:,.0f}" for n, r in scale["events_per_s"].items())
     print()
     print(
-        f"scaling ({scale['simulator']}, {cfg['warmup']:g} + {cfg['duration']:g} model s, {cfg['rounds']} "
-        f"rounds): events/s {rates}"
+        f"scaling ({scale['simulator']}, {scale['kernel']} kernel, {cfg['warmup']:g} + {cfg['duration']:g} "
+        f"model s, {cfg['rounds']} rounds): events/s {rates}"
     )
     verdict = "meets" if scale["meets_target"] else "below"
     print(
@@ -689,6 +690,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--scaling-rounds", type=int, default=2, help="its interleaved rounds (default 2)")
     p.add_argument(
+        "--kernel",
+        default="events,rates",
+        help="the kernels of the scaling and million-node parts, comma-separated: events (the discrete-event "
+        "kernel), rates (the rates kernel of Markovian specs) (default events,rates)",
+    )
+    p.add_argument(
         "--million",
         default="power_of_d",
         help="the million-node part's policy (power_of_d, jiq or jlmu); 'none' skips it (default power_of_d)",
@@ -718,6 +725,15 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--scaling: node counts, comma-separated, or none; got {args.scaling!r}")
     if args.million not in ("none", *simulator_scale.POLICIES):
         p.error(f"--million: one of none, {', '.join(simulator_scale.POLICIES)}")
+    kernels = tuple(args.kernel.split(","))
+    if (
+        not kernels
+        or any(k not in simulator_scale.KERNELS for k in kernels)
+        or len(set(kernels)) < len(kernels)
+    ):
+        p.error(
+            f"--kernel: some of {', '.join(simulator_scale.KERNELS)}, comma-separated; got {args.kernel!r}"
+        )
     if args.profile:
         profile(args)
         return 0
@@ -746,9 +762,17 @@ def main(argv: list[str] | None = None) -> int:
 
     res = benchmark(args, log)
     if counts:
-        res["scaling"] = simulator_scale.scaling(counts, 5.0, args.scaling_duration, args.scaling_rounds, log)
+        res["scaling"] = simulator_scale.scaling(
+            counts, 5.0, args.scaling_duration, args.scaling_rounds, log, kernels
+        )
     if args.million != "none":
-        res["million"] = simulator_scale.million(args.million, args.million_nodes, 2.0, 18.0, log)
+        res["million"] = {}
+        for k in kernels:
+            why = k == "rates" and unsupported(simulator_scale.spec(2, 1.0, 1.0, args.million))
+            if why:
+                log(f"  {args.million} on the rates kernel: not run ({why})")
+                continue
+            res["million"][k] = simulator_scale.million(args.million, args.million_nodes, 2.0, 18.0, log, k)
     if args.json:
         print(json.dumps(res, indent=2))
     else:
@@ -760,10 +784,8 @@ def main(argv: list[str] | None = None) -> int:
         print("the compiled simulator's runs differ from the pure-Python ones", file=sys.stderr)
         return 1
     below = [name for name, r in res["ratios"].items() if r["meets_target"] is False]
-    if "scaling" in res and not res["scaling"]["meets_target"]:
-        below.append("scaling")
-    if "million" in res and not res["million"]["within_limit"]:
-        below.append("million")
+    below += [f"scaling ({k})" for k, scale in res.get("scaling", {}).items() if not scale["meets_target"]]
+    below += [f"million ({k})" for k, big in res.get("million", {}).items() if not big["within_limit"]]
     if below:
         because = (
             "exit 1: --require-target" if args.require_target else "not an error without --require-target"

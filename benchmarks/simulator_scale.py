@@ -3,17 +3,20 @@ parts; benchmarks/README.md).
 
 * ``scaling``: the same spec (JSQ(2) over FCFS nodes at load 0.9, the same warm-up, duration and batches)
   at several node counts, in interleaved rounds; the events per second at the largest count against
-  those at the smallest. A simulator whose cost per event grows with n (a heap of n completions, lists by
-  node, per-node objects scattered through memory, work over all nodes at every batch boundary) shows it
-  here.
+  those at the smallest, for each kernel asked for (the event kernel, the rates kernel: both in the same
+  rounds). A simulator whose cost per event grows with n (a heap of n completions, lists by node, per-node
+  objects scattered through memory, work over all nodes at every batch boundary) shows it here.
 * ``million``: a million nodes for 20 model seconds in a child process of its own, whose peak resident
   memory the operating system reports when it exits (``getrusage(RUSAGE_CHILDREN)``).
 
-Both run the simulator ``simulate_once`` runs: the mypyc build when it is there (``LBT_SIMULATOR``).
+Both run the simulator ``simulate_once`` runs: the mypyc build when it is there (``LBT_SIMULATOR``). The
+rates kernel counts the same events as the event kernel (an arrival, a completion); it runs no drain (its
+FCFS sojourns are drawn on arrival: docs/simulator.md), so it has fewer of them per run.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import resource
@@ -27,6 +30,7 @@ from typing import Any
 
 from lbtestbed.analysis.simulator import compiled
 from lbtestbed.analysis.simulator.engine import Simulator
+from lbtestbed.analysis.simulator.rates import RatesSimulator
 from lbtestbed.model.experiment import Experiment
 from lbtestbed.spec import parse_spec
 
@@ -67,18 +71,28 @@ def spec(nodes: int, warmup: float, duration: float, policy: str = "power_of_d",
     return parse_spec(data, "<benchmark>")
 
 
-def simulator() -> tuple[str, Callable[[Experiment], Any]]:
-    """The simulator ``simulate_once`` would run, and its name."""
+#: the kernels a benchmark may time (``lbt simulate --kernel``)
+KERNELS = ("events", "rates")
+
+
+def simulator(kernel: str = "events") -> tuple[str, Callable[[Experiment], Any]]:
+    """The simulator ``simulate_once`` would run on ``kernel``, and its name."""
     if compiled.selected():
         try:
-            return "mypyc", compiled.load().Simulator
+            module = compiled.load()
+            if kernel == "rates":
+                return "mypyc", sys.modules[f"{compiled.TWIN}.rates"].RatesSimulator
+            return "mypyc", module.Simulator
         except compiled.Unavailable as e:
             print(f"bench_simulator: compiled simulator: {e}; timing pure Python", file=sys.stderr)
-    return "pure Python", Simulator
+    return "pure Python", RatesSimulator if kernel == "rates" else Simulator
 
 
 def one_run(exp: Experiment, make: Callable[[Experiment], Any]) -> dict[str, float]:
-    """Build and run ``exp``: its events, and wall and CPU seconds."""
+    """Build and run ``exp``: its events, and wall and CPU seconds. The garbage of the runs before is
+    collected first, untimed: the event kernel's simulator holds reference cycles (its delays point back
+    at it), so a run left behind would otherwise be walked by a full collection during the next one."""
+    gc.collect()
     wall, cpu = time.perf_counter(), time.process_time()
     raw = make(exp).run()
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
@@ -95,27 +109,52 @@ def repeated(
 
 
 def scaling(
-    counts: list[int], warmup: float, duration: float, rounds: int, log: Callable[[str], None]
-) -> dict[str, Any]:
-    """Events per second of the same spec at each node count, interleaved: round r runs the counts in
-    turn from a different first one, so that drift in the machine's load hits every count alike. A count
-    n runs largest / n times (other seeds), so that every count is timed over as many events."""
-    name, make = simulator()
-    runs: dict[int, list[dict[str, float]]] = {n: [] for n in counts}
+    counts: list[int],
+    warmup: float,
+    duration: float,
+    rounds: int,
+    log: Callable[[str], None],
+    kernels: tuple[str, ...] = ("events",),
+) -> dict[str, dict[str, Any]]:
+    """Per kernel, events per second of the same spec at each node count, interleaved: round r runs the
+    counts in turn from a different first one, each count on every kernel in turn, so that drift in the
+    machine's load hits every count and kernel alike. A count n runs largest / n times (other seeds), so
+    that every count is timed over as many events."""
+    made = {k: simulator(k) for k in kernels}
+    runs: dict[tuple[str, int], list[dict[str, float]]] = {(k, n): [] for k in kernels for n in counts}
     for r in range(rounds):
         shift = r % len(counts)
         for n in counts[shift:] + counts[:shift]:
-            m = repeated(n, max(1, counts[-1] // n), warmup, duration, make)
-            runs[n].append(m)
-            log(
-                f"  scaling round {r + 1}/{rounds} n={n:>7,}: {m['runs']:>3.0f} runs, "
-                f"{m['events']:>10,.0f} events in {m['wall_s']:6.2f} s = {m['events_per_s']:>9,.0f} events/s"
-            )
+            for kernel in kernels[r % len(kernels) :] + kernels[: r % len(kernels)]:
+                m = repeated(n, max(1, counts[-1] // n), warmup, duration, made[kernel][1])
+                runs[kernel, n].append(m)
+                log(
+                    f"  scaling round {r + 1}/{rounds} {kernel:>6} n={n:>7,}: {m['runs']:>3.0f} runs, "
+                    f"{m['events']:>10,.0f} events in {m['wall_s']:6.2f} s = "
+                    f"{m['events_per_s']:>9,.0f} events/s"
+                )
+    return {
+        k: _scaled(made[k][0], k, {n: runs[k, n] for n in counts}, warmup, duration, rounds) for k in kernels
+    }
+
+
+def _scaled(
+    name: str,
+    kernel: str,
+    runs: dict[int, list[dict[str, float]]],
+    warmup: float,
+    duration: float,
+    rounds: int,
+) -> dict[str, Any]:
+    """One kernel's scaling figures: the median rate at each count, and the largest count's against the
+    smallest's."""
+    counts = sorted(runs)
     rate = {n: statistics.median(m["events_per_s"] for m in runs[n]) for n in counts}
     cpu_rate = {n: statistics.median(m["events"] / m["cpu_s"] for m in runs[n]) for n in counts}
     lo, hi = counts[0], counts[-1]
     return {
         "simulator": name,
+        "kernel": kernel,
         "config": {
             "warmup": warmup,
             "duration": duration,
@@ -133,12 +172,19 @@ def scaling(
 
 
 def million(
-    policy: str, nodes: int, warmup: float, duration: float, log: Callable[[str], None]
+    policy: str,
+    nodes: int,
+    warmup: float,
+    duration: float,
+    log: Callable[[str], None],
+    kernel: str = "events",
 ) -> dict[str, Any]:
-    """One run of ``policy`` over ``nodes`` nodes in a child process: its speed and peak memory."""
+    """One run of ``policy`` over ``nodes`` nodes on ``kernel`` in a child process: its speed and peak
+    memory."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    cmd = [sys.executable, str(Path(__file__).resolve()), policy, str(nodes), repr(warmup), repr(duration)]
-    log(f"  {policy} over {nodes:,} nodes, {warmup + duration:g} model seconds (a child process) ...")
+    here = str(Path(__file__).resolve())
+    cmd = [sys.executable, here, policy, str(nodes), repr(warmup), repr(duration), kernel]
+    log(f"  {policy} over {nodes:,} nodes on the {kernel} kernel, {warmup + duration:g} model seconds ...")
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}  # numpy's idle BLAS threads take CPU from it
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     if proc.returncode != 0:
@@ -158,8 +204,8 @@ def million(
 
 def _child(argv: list[str]) -> None:
     """The child of ``million``: one run, its figures as one JSON object on stdout."""
-    policy, nodes, warmup, duration = argv[0], int(argv[1]), float(argv[2]), float(argv[3])
-    name, make = simulator()
+    policy, nodes, warmup, duration, kernel = argv[0], int(argv[1]), float(argv[2]), float(argv[3]), argv[4]
+    name, make = simulator(kernel)
     exp = spec(nodes, warmup, duration, policy)
     built = time.perf_counter()
     sim = make(exp)
@@ -172,6 +218,7 @@ def _child(argv: list[str]) -> None:
                 "nodes": nodes,
                 "model_seconds": warmup + duration,
                 "simulator": name,
+                "kernel": kernel,
                 "build_s": built,
                 **m,
             }

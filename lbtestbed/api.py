@@ -96,16 +96,20 @@ def simulate(
     jobs: int = 1,
     records: str | Path | None = None,
     progress: bool = False,
+    kernel: str = "events",
 ) -> Result:
     """``lbt simulate``: the simulation of ``exp`` with a 95 % interval on every metric (batch means; with
     ``replications`` above 1, that many independent runs in ``jobs`` processes); ``records``: a CSV file
-    to write every task's times to (``task_frame`` reads it); ``progress``: a bar on stderr."""
+    to write every task's times to (``task_frame`` reads it); ``progress``: a bar on stderr; ``kernel``:
+    ``"events"`` or, for a Markovian spec, ``"rates"`` (docs/simulator.md, "The rates kernel")."""
     from lbtestbed.experiment.simulate import simulate as simulated
 
     if records is None:
-        return simulated(exp, replications=replications, jobs=jobs, quiet=not progress)
+        return simulated(exp, replications=replications, jobs=jobs, quiet=not progress, kernel=kernel)
     with open(records, "w", newline="") as f:
-        return simulated(exp, replications=replications, jobs=jobs, records=f, quiet=not progress)
+        return simulated(
+            exp, replications=replications, jobs=jobs, records=f, quiet=not progress, kernel=kernel
+        )
 
 
 def run(

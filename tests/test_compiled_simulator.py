@@ -23,6 +23,7 @@ import pytest
 from lbtestbed.analysis.results.raw import RawRun
 from lbtestbed.analysis.simulator import compiled, simulate_once
 from lbtestbed.analysis.simulator.engine import Simulator
+from lbtestbed.analysis.simulator.rates import RatesSimulator
 from lbtestbed.model.reader import SpecError
 from lbtestbed.spec import parse_spec
 
@@ -225,6 +226,18 @@ def test_the_build_gives_the_pure_python_runs(built: object, case: str) -> None:
         spec = {**POOLS, "policy": {"name": case, **({"beta_scale": 1.0} if case == "slta" else {})}}
     exp = parse_spec(spec)
     assert_same_runs(built.Simulator(exp).run(), Simulator(exp).run(), case)  # type: ignore[attr-defined]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["power_of_d", "jiq_one", "least_request"])
+def test_the_build_gives_the_pure_python_rates_kernel(built: object, case: str) -> None:
+    """The rates kernel too, bitwise (SPEC's FCFS and PS classes: the instant probe, node messages, task
+    ends heard by the dispatcher)."""
+    policy = {"jiq_one": {"name": "jiq"}, "least_request": {"name": "least_request"}}.get(case)
+    exp = parse_spec({**SPEC, "policy": policy or BUILD_CASES[case]["policy"]})
+    rates = sys.modules[f"{compiled.TWIN}.rates"]
+    assert rates.__file__.endswith(compiled._ext_suffix())
+    assert_same_runs(rates.RatesSimulator(exp).run(), RatesSimulator(exp).run(), case)
 
 
 @pytest.mark.slow

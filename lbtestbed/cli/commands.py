@@ -63,6 +63,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 executor=args.executor,
                 records=records,
                 quiet=args.quiet,
+                kernel=args.kernel,
             )
         finally:
             if records is not None:

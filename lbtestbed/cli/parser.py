@@ -112,6 +112,14 @@ def _simulate(sub: Commands) -> None:
         "arrival, service start, departure, sojourn, work, outcome (model seconds, exact; docs/spec.md, "
         "Per-task records); one replication only",
     )
+    sim.add_argument(
+        "--kernel",
+        choices=("events", "rates"),
+        default="events",
+        help="events: the discrete-event kernel (default, any spec); rates: the rates kernel of a Markovian "
+        "spec (exponential work, fcfs or ps nodes with one speed per class, one dispatcher, no delays, "
+        "faults or speed changes), flat in the number of nodes (docs/simulator.md, The rates kernel)",
+    )
     _add_overrides(sim)
     sim.add_argument("--quiet", action="store_true", help="no progress on stderr")
     sim.set_defaults(func=commands.cmd_simulate)

@@ -23,6 +23,7 @@ _STREAMS = {
     "node_side": 9,  # node k's own draws (which dispatcher hears of it): one stream per node, see below
     "faults": 10,  # which tasks a failing node fails (fail faults): the simulator's, and each node host's
     "antagonists": 11,  # node k's antagonist: one stream per node (model.schedules.antagonist_random)
+    "rates": 12,  # the rates kernel's draws: when each completion comes and where (analysis.simulator.rates)
 }
 
 

@@ -1,13 +1,13 @@
 """The simulator compiled with mypyc: used by default where it is built, refused once its sources change.
 
 ``python -m lbtestbed.analysis.simulator.compiled build`` compiles copies of the simulator's modules
-(``MODULES``: the kernel, its queue, delays and measurement, the node models and the workload) with
-mypyc, as the private package ``_lbt_compiled``, and records the SHA-256 of every source it compiled. The
-build lives outside the package (``default_root``: ``$LBT_COMPILED_DIR``; in a source checkout its
-``build/compiled-simulator/``; else the user's cache), one directory per extension ABI. Compiling the
-modules in place would put ``.so`` files beside the sources, where an editable install imports them
-instead of the ``.py`` files long after those have changed; the copies here are imported only through
-``load()``, which checks the recorded hashes against the current sources first and refuses a stale
+(``MODULES``: the event kernel, its queue, delays and measurement, the rates kernel, the node models and
+the workload) with mypyc, as the private package ``_lbt_compiled``, and records the SHA-256 of every source
+it compiled. The build lives outside the package (``default_root``: ``$LBT_COMPILED_DIR``; in a source
+checkout its ``build/compiled-simulator/``; else the user's cache), one directory per extension ABI.
+Compiling the modules in place would put ``.so`` files beside the sources, where an editable install
+imports them instead of the ``.py`` files long after those have changed; the copies here are imported only
+through ``load()``, which checks the recorded hashes against the current sources first and refuses a stale
 build. ``build`` does nothing when the build is current, so ``make test`` and ``make demo`` (which run it)
 pay for it only when a source has changed.
 
@@ -47,6 +47,7 @@ MODULES = {
     "calendar_queue": "analysis/simulator/calendar_queue.py",
     "delays": "analysis/simulator/delays.py",
     "measure": "analysis/simulator/measure.py",
+    "rates": "analysis/simulator/rates.py",
     "nodes": "model/nodes.py",
     "workload": "model/workload.py",
 }
@@ -56,6 +57,7 @@ REWRITES = {
     "lbtestbed.analysis.simulator.calendar_queue": f"{TWIN}.calendar_queue",
     "lbtestbed.analysis.simulator.delays": f"{TWIN}.delays",
     "lbtestbed.analysis.simulator.measure": f"{TWIN}.measure",
+    "lbtestbed.analysis.simulator.rates": f"{TWIN}.rates",
     "lbtestbed.model.nodes": f"{TWIN}.nodes",
     "lbtestbed.model.workload": f"{TWIN}.workload",
 }
@@ -173,7 +175,8 @@ def load(root: Path | None = None, package: Path = PACKAGE) -> ModuleType:
         path = str(dest / "src")
         sys.path.insert(0, path)  # only while importing: the copies and mypyc's shared library live here
         try:
-            importlib.import_module(name)
+            for twin_name in MODULES:  # the rates kernel too, which the event kernel does not import
+                importlib.import_module(f"{TWIN}.{twin_name}")
         except ImportError as e:
             raise Unavailable(f"cannot import the build in {dest}: {e}; {BUILD_HINT}") from None
         finally:
@@ -197,10 +200,12 @@ def selected() -> bool:
 _said: list[str] = []
 
 
-def run_selected(exp: Experiment, replication: int = 0, progress: Progress | None = None) -> RawRun | None:
-    """One replication on the compiled simulator, unless ``LBT_SIMULATOR=python``; None when not asked
-    for, or when the build is unavailable (then with one line per process: the pure-Python simulator gives
-    the same result)."""
+def run_selected(
+    exp: Experiment, replication: int = 0, progress: Progress | None = None, kernel: str = "events"
+) -> RawRun | None:
+    """One replication on the compiled simulator's ``kernel`` (``events`` or ``rates``), unless
+    ``LBT_SIMULATOR=python``; None when not asked for, or when the build is unavailable (then with one line
+    per process: the pure-Python simulator gives the same result)."""
     if not selected():
         return None
     try:
@@ -210,7 +215,10 @@ def run_selected(exp: Experiment, replication: int = 0, progress: Progress | Non
             _said.append(str(e))
             print(f"lbt: note: compiled simulator: {e}; running the pure-Python one", file=sys.stderr)
         return None
-    raw = module.Simulator(exp, replication, progress).run()
+    if kernel == "rates":
+        raw = sys.modules[f"{TWIN}.rates"].RatesSimulator(exp, replication, progress).run()
+    else:
+        raw = module.Simulator(exp, replication, progress).run()
     assert isinstance(raw, RawRun)  # the copies build the package's own RawRun: it is not compiled
     return raw
 

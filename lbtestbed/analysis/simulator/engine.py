@@ -187,7 +187,7 @@ class Simulator:
             if collecting:
                 gc.enable()
         if instant is not None:
-            self._count_instant_probes(instant)
+            self.measure.count_instant_probes(instant.probes, instant.outcome)
         self.measure.finish()
         return self.measure.raw(self.events, time.perf_counter() - wall)
 
@@ -527,16 +527,6 @@ class Simulator:
         fast = instant_probe(self.occupancy)
         assert fast is None or isinstance(fast, InstantProbe)
         return fast
-
-    def _count_instant_probes(self, probe: InstantProbe) -> None:
-        """Every task probed ``probe.probes`` nodes, each answered, and was routed by one rule."""
-        measure = self.measure
-        for kind in ("probe", "probe_reply"):
-            counts = measure.msg_counts[kind]
-            for b, a in enumerate(measure.arrivals):
-                counts[b] += probe.probes * a
-        if any(measure.arrivals):
-            measure.decisions[probe.outcome] += sum(measure.arrivals)
 
 
 #: whether this module runs compiled (mypyc): see _calendar

@@ -105,8 +105,6 @@ class Measurement:
     def boundary(self, t: float, nodes: Sequence[NodeModel], tot: float, tot2: float) -> None:
         """Close the batch that ends at t (or open the first one) and step to the next; ``tot`` and
         ``tot2`` are the integrals of the number of tasks in the system and of its square up to ``t``."""
-        if self.learner is not None:
-            self.r_changes(t, self.r)
         # per-class sums of the nodes' time_at, node by node in order; plain floats add exactly as numpy
         # would, without a numpy call per node
         sums: list[list[float]] = [[0.0] for _ in self.exp.classes]
@@ -124,9 +122,27 @@ class Measurement:
             util_s += node.utility_seconds
             idle_speed += node.idle_capacity_seconds()  # exact under speed changes too
             idle += ta[0]
+        self.snapshot(t, sums, task_s, util_s, idle_speed, idle, tot, tot2)
+
+    def snapshot(
+        self,
+        t: float,
+        time_at: list[list[float]],
+        task_s: float,
+        util_s: float,
+        idle_speed: float,
+        idle: float,
+        tot: float,
+        tot2: float,
+    ) -> None:
+        """``boundary`` with the integrals up to ``t`` summed already: per class, the node-seconds at
+        exactly j tasks (``time_at``), task-seconds, utility-seconds, speed x idle seconds and idle
+        node-seconds of all nodes, and the tasks in the system's two integrals."""
+        if self.learner is not None:
+            self.r_changes(t, self.r)
         self.snapshots.append(
             {
-                "time_at": [np.array(acc) for acc in sums],
+                "time_at": [np.array(acc) for acc in time_at],
                 "task_s": task_s,
                 "util_s": util_s,
                 "idle_speed": idle_speed,
@@ -141,6 +157,16 @@ class Measurement:
         if self.learner is not None and len(self.snapshots) in (1, self.B + 1):
             self.r_series.append((t, self.r))  # the series starts and ends with the window
         self._keep()
+
+    def count_instant_probes(self, probes: int, outcome: str) -> None:
+        """A driver's instant probes (``policies.sampling.InstantProbe``): every task of the window probed
+        ``probes`` nodes, each answered, and was routed by the one rule ``outcome``."""
+        for kind in ("probe", "probe_reply"):
+            counts = self.msg_counts[kind]
+            for b, a in enumerate(self.arrivals):
+                counts[b] += probes * a
+        if any(self.arrivals):
+            self.decisions[outcome] += sum(self.arrivals)
 
     def sojourns(self) -> tuple[list[list[float]], list[list[list[float]]] | None]:
         """Where a driver appends each sojourn: by batch, and by class and batch unless there is one class
