@@ -16,7 +16,7 @@ from lbtestbed.analysis.simulator.engine import Simulator
 from lbtestbed.analysis.simulator.twin import Emulation, TwinSimulator
 from lbtestbed.loadgen.openloop import poisson_tasks
 from lbtestbed.model.experiment import Experiment
-from lbtestbed.policies import Message
+from lbtestbed.policies import Message, Probe, Route
 from lbtestbed.spec import parse_spec
 from lbtestbed.transport.wire import message_key
 
@@ -186,6 +186,37 @@ def test_a_message_gets_its_own_measured_age_else_the_age_of_the_message_sent_ne
     seen.clear()
     again.run()
     assert seen[0][1] == first and seen[0][2] == 0.123 and again.replayed["idle_token"][0] == 1
+
+
+def test_the_messages_decided_with_a_task_leave_when_it_is_forwarded() -> None:
+    """The cluster's dispatcher sends Prequal's probes as it forwards their task, and their ages run from
+    that instant (the ``sent`` stamp is the route's). The twin sends them then too, not when the task
+    reaches its node: with a decide leg of 0.01, a forward leg of 0.2 and every probe 0.05 old, each probe
+    reaches its node 0.06 after its query, before the task (0.21)."""
+    exp = experiment(QUEUES, {"name": "prequal"})
+    tasks = trace(exp)
+    legs = {t: (0.0, 0.01, 0.2, 0.0, 0.0, 0.0) for t, _ in tasks}
+    twin = TwinSimulator(exp, Emulation(tasks, legs, {"prequal_probe": [(0.0, 0.05)]}))
+    decided: dict[tuple[int, int], float] = {}  # (node, probe number): the model time of its query
+    reached: dict[tuple[int, int], float] = {}  # ... and when it reached its node
+    dispatch, at_node = twin.dispatcher.dispatch, twin._at_node
+
+    def watch_dispatch() -> Route | Probe:
+        route = dispatch()
+        assert isinstance(route, Route)
+        decided.update(((m.node, m.data[0]), twin.now) for m in route.messages)
+        return route
+
+    def watch_node(m: object, _: object = None) -> None:
+        assert isinstance(m, Message)
+        reached[m.node, m.data[0]] = twin.now
+        at_node(m)
+
+    twin.dispatcher.dispatch = watch_dispatch  # type: ignore[method-assign]
+    twin._at_node = watch_node  # type: ignore[method-assign]
+    twin.run()
+    assert len(reached) > 1000 and reached.keys() <= decided.keys()
+    assert all(abs(reached[k] - decided[k] - 0.06) < 1e-9 for k in reached)
 
 
 # ------------------------------------------------------------------ what the twin assumes of the cluster
