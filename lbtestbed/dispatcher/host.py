@@ -141,8 +141,8 @@ class DispatcherHost:
         """``POST /v1/tasks``: the task's JSON object, accepted at ``accepted``; a refusal now, or the
         answer once its node has served it (or could not). The policy decides here, in the step that
         stamped ``accepted``, not when the answer's coroutine first runs: a loop turn later (Python 3.11
-        starts a task's coroutine on the next turn), replies read in between (Prequal's probe replies)
-        would reach the decision, while the twin decides at the stamp, before them."""
+        starts a task's coroutine on the next turn), messages read in between (probe replies that fill a
+        pool) would reach the decision, while the twin decides at the stamp, before them."""
         ticket = self.core.accept(body, accepted)
         if isinstance(ticket, Reply):
             return ticket

@@ -162,9 +162,9 @@ class MeasuredDelays(Delays):
 
     def forward(self, task: Task, route: Route, probed: bool) -> None:
         """The task leaves for its node after the dispatch time that remains (none after probing: the
-        probes took it), and travels its measured forwarding time. The messages decided with it (Prequal's
-        probes, SLTA's threshold updates) leave with it, as the cluster's dispatcher sends them: their
-        measured ages run from that instant, not from the task's arrival at its node."""
+        probes took it), and travels its measured forwarding time. The messages decided with it (a pool's
+        probes, threshold updates) leave with it, as the cluster's dispatcher sends them: their measured
+        ages run from that instant, not from the task's arrival at its node."""
         sim = self.sim
         _, decide, forward, *_ = self.legs[task.id]
         still = 0.0 if probed else decide
