@@ -7,7 +7,8 @@ the same policy objects and node models (docs/run.md, "The twin"):
 * task i (of the run's trace) reaches the dispatcher at its intended time plus the delay the cluster
   measured for it (the generator's lateness and the way to the dispatcher), is decided after the
   dispatch time measured for it (for a probing policy, the probes read the nodes halfway through it),
-  and reaches its node after the forwarding time measured for it;
+  and reaches its node after the forwarding time measured for it; the messages decided with it leave
+  when it is forwarded, as the cluster's dispatcher sends them;
 * the node serves it exactly as the model does; the dispatcher hears of its completion (the end of the
   task's request, and the messages that rode on its reply) after the task's own measured delay from its
   completion instant to the dispatcher, and the client after the delay to the client; the task counts
