@@ -101,6 +101,28 @@ def test_each_query_sends_r_probe_probes_to_distinct_nodes_numbered_in_turn() ->
     assert {m.dispatcher for m in other.dispatch().messages} == {2}  # type: ignore[union-attr]
 
 
+def test_the_probes_targets_do_not_depend_on_what_the_pool_holds() -> None:
+    """Issue 26: the n-th query's probes go to the same nodes whatever the pool holds, so that a twin whose
+    pool parts from the cluster's still probes where the cluster did. Two dispatchers of the same stream:
+    one hears no reply (each query falls back to a random node: a draw each), the other hears every probe
+    answered, by node k with RIF 1 and latency k + 1 (no two alike: no tie to break, no draw). They send
+    the same probes, numbered alike (on one stream the fallback's draws shifted the first one's)."""
+    lonely, heard = dispatcher(20, seed=7), dispatcher(20, seed=7)
+    alone, answered = [], []
+    for q in range(500):
+        alone.append(decide(lonely, float(q)).messages)
+        route = decide(heard, float(q))
+        answered.append(route.messages)
+        for m in route.messages:  # 0.5 old at the next query: in the pool (max_age = 1)
+            reply(heard, m.node, 1, m.node + 1.0, at=q + 0.5, seq=m.data[0])
+    assert {decide(lonely, 500.0).outcome, decide(heard, 500.0).outcome} == {"random", "hcl_cold"}
+    assert alone == answered
+    # still uniform: each node is one of a query's 3 distinct targets with probability 3/20, so its count
+    # over 500 queries is binomial(500, 0.15), sd sqrt(500 * 0.15 * 0.85) = 8.0: 75 +- 5 sd = +- 40
+    counts = Counter(m.node for msgs in alone for m in msgs)
+    assert all(abs(counts[k] - 75) < 40 for k in range(20))
+
+
 def test_a_fractional_probe_rate_is_its_mean() -> None:
     # r_probe = 2.5: each query sends 2 or 3 probes, 2.5 on average; over 2000 queries the total has
     # standard deviation 0.5 * sqrt(2000) = 22.4, so 5000 +- 4.5 sd = +- 100

@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -16,8 +18,10 @@ from lbtestbed.analysis.simulator.engine import Simulator
 from lbtestbed.analysis.simulator.twin import Emulation, TwinSimulator
 from lbtestbed.loadgen.openloop import poisson_tasks
 from lbtestbed.model.experiment import Experiment
-from lbtestbed.policies import Message
+from lbtestbed.policies import Message, Probe, Route
+from lbtestbed.policies.prequal import PrequalDispatcher
 from lbtestbed.spec import parse_spec
+from lbtestbed.transport import wire
 from lbtestbed.transport.wire import message_key
 
 QUEUES = {
@@ -188,6 +192,37 @@ def test_a_message_gets_its_own_measured_age_else_the_age_of_the_message_sent_ne
     assert seen[0][1] == first and seen[0][2] == 0.123 and again.replayed["idle_token"][0] == 1
 
 
+def test_the_messages_decided_with_a_task_leave_when_it_is_forwarded() -> None:
+    """The cluster's dispatcher sends Prequal's probes as it forwards their task, and their ages run from
+    that instant (the ``sent`` stamp is the route's). The twin sends them then too, not when the task
+    reaches its node: with a decide leg of 0.01, a forward leg of 0.2 and every probe 0.05 old, each probe
+    reaches its node 0.06 after its query, before the task (0.21)."""
+    exp = experiment(QUEUES, {"name": "prequal"})
+    tasks = trace(exp)
+    legs = {t: (0.0, 0.01, 0.2, 0.0, 0.0, 0.0) for t, _ in tasks}
+    twin = TwinSimulator(exp, Emulation(tasks, legs, {"prequal_probe": [(0.0, 0.05)]}))
+    decided: dict[tuple[int, int], float] = {}  # (node, probe number): the model time of its query
+    reached: dict[tuple[int, int], float] = {}  # ... and when it reached its node
+    dispatch, at_node = twin.dispatcher.dispatch, twin._at_node
+
+    def watch_dispatch() -> Route | Probe:
+        route = dispatch()
+        assert isinstance(route, Route)
+        decided.update(((m.node, m.data[0]), twin.now) for m in route.messages)
+        return route
+
+    def watch_node(m: object, _: object = None) -> None:
+        assert isinstance(m, Message)
+        reached[m.node, m.data[0]] = twin.now
+        at_node(m)
+
+    twin.dispatcher.dispatch = watch_dispatch  # type: ignore[method-assign]
+    twin._at_node = watch_node  # type: ignore[method-assign]
+    twin.run()
+    assert len(reached) > 1000 and reached.keys() <= decided.keys()
+    assert all(abs(reached[k] - decided[k] - 0.06) < 1e-9 for k in reached)
+
+
 # ------------------------------------------------------------------ what the twin assumes of the cluster
 
 
@@ -229,6 +264,49 @@ async def test_a_replys_messages_reach_the_dispatchers_policy_when_the_reply_is_
     await answer
     assert seen == [(True, 0)]
     assert disp.core.received["idle_token"] == 1
+
+
+async def test_the_dispatcher_decides_in_the_step_that_stamps_the_task_accepted() -> None:
+    """The twin decides each task at the instant the cluster's dispatcher stamped it accepted, before
+    any reply that reached the dispatcher after it. The dispatcher must decide in that same step: on
+    Python 3.11 the coroutine that answers a task starts a loop turn later, and a decision made there saw
+    Prequal probe replies the twin's had not seen yet. Here the probes of the task's query are out (its
+    policy has numbered them) when ``task`` returns, before the loop turns, and none of the nodes' replies
+    (the same reply, node 3 idle, for every probe) reaches the decision."""
+    import asyncio
+    import time
+
+    import orjson
+
+    from lbtestbed.dispatcher.host import DispatcherHost
+
+    exp = experiment(QUEUES, {"name": "prequal"})
+    disp = DispatcherHost(exp, 0, 1, ["http://127.0.0.1:9"] * exp.n, "token")
+    disp.core.health.ready = True
+    loop = asyncio.get_running_loop()
+    never: asyncio.Future[tuple[int, bytes]] = loop.create_future()
+    reply = {"messages": [{"kind": "prequal_reply", "node": 3, "dispatcher": 0, "data": [0, 0, 0.1]}]}
+
+    class Node:
+        async def post(self, path: str, body: bytes, timeout: float | None = None) -> tuple[int, bytes]:
+            if path.endswith("/messages"):
+                return 200, orjson.dumps(reply)  # a probe, answered at once
+            return await never  # the task: never served
+
+    disp.node_peer = [(Node(), f"/v1/nodes/{k}") for k in range(exp.n)]  # type: ignore[misc]
+    answer = disp.task({"work": 1.0}, time.monotonic())
+    assert not isinstance(answer, wire.Reply)
+    policy = disp.policy
+    assert isinstance(policy, PrequalDispatcher)
+    assert policy.sent == 3 and disp.core.present.value == 1 and not policy.pool  # decided: a random node
+    running = asyncio.ensure_future(answer)
+    for _ in range(5):
+        await asyncio.sleep(0)  # the probes go out and their replies come back
+    assert 3 in policy.pool and not running.done()
+    running.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await running
+    await disp.background.close()
 
 
 async def test_a_node_message_is_stamped_at_the_event_that_made_it() -> None:

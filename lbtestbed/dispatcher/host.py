@@ -15,7 +15,7 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -137,12 +137,18 @@ class DispatcherHost:
 
     # ------------------------------------------------------------------------------------ routes
 
-    async def task(self, body: Mapping[str, Any], accepted: float) -> Reply:
-        """``POST /v1/tasks``: the task's JSON object, accepted at ``accepted``; the answer once its node
-        has served it (or could not)."""
+    def task(self, body: Mapping[str, Any], accepted: float) -> Reply | Coroutine[Any, Any, Reply]:
+        """``POST /v1/tasks``: the task's JSON object, accepted at ``accepted``; a refusal now, or the
+        answer once its node has served it (or could not). The policy decides here, in the step that
+        stamped ``accepted``, not when the answer's coroutine first runs: a loop turn later (Python 3.11
+        starts a task's coroutine on the next turn), messages read in between (probe replies that fill a
+        pool) would reach the decision, while the twin decides at the stamp, before them."""
         ticket = self.core.accept(body, accepted)
         if isinstance(ticket, Reply):
             return ticket
+        return self._answer(ticket)
+
+    async def _answer(self, ticket: Ticket) -> Reply:
         try:
             return await self._route(ticket)  # the answer: the task has left the dispatcher
         except BaseException:  # the request ended otherwise (cancelled, a bug): it leaves all the same

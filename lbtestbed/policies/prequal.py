@@ -23,7 +23,12 @@ Dispatcher side (the paper's client), for each task (query):
 5. ``r_probe`` probes go out (a fractional rate is rounded at random per query) to distinct nodes drawn
    uniformly, as ``prequal_probe`` messages numbered by this dispatcher. Each reply (``prequal_reply``:
    the number, the node's RIF and latency estimate) enters the pool when it arrives, in place of an older
-   probe of the same node; a full pool first drops its oldest probe.
+   probe of the same node; a full pool first drops its oldest probe. The probes' targets (and the
+   rounding of a fractional r_probe) come from a random stream of their own, split off the policy's when
+   the side is made: the draws of tie-breaks and of the empty pool's fallback depend on what the pool
+   holds, so on one stream they would shift every later probe whenever two runs' pools differ. Apart, the
+   n-th query's probes are the same draws in the cluster and in its twin, which can then replay each
+   probe and reply with the age the cluster measured for it (``wire.message_key``).
 
 Node side (the paper's server): RIF is the node's tasks present; the latency estimate is the median
 latency (arrival to completion at the node, model seconds) of the last ``latency_window`` tasks that found
@@ -177,6 +182,8 @@ class PrequalDispatcher(DispatcherSide):
         assert isinstance(params, PrequalParams)
         self.params = params
         self.b_reuse = reuse_budget(params, self.n)
+        # the probes' own stream (module docstring, rule 5): it depends on the policy stream's seed alone
+        self.probe_rng = random.Random(rng.getrandbits(64))
         self.pool: dict[int, _Probe] = {}  # by node, oldest reply first
         self.rifs: deque[int] = deque(maxlen=params.rif_history)  # the RIFs of the last replies taken
         self.sent = 0  # probes numbered so far
@@ -257,14 +264,14 @@ class PrequalDispatcher(DispatcherSide):
         return Route(node, outcome, self._probes())
 
     def _probes(self) -> tuple[Message, ...]:
-        up = self.live.up
-        count = min(_rounded(self.rng, self.params.r_probe), len(up))
+        up, rng = self.live.up, self.probe_rng
+        count = min(_rounded(rng, self.params.r_probe), len(up))
         if count <= 0:
             return NO_MESSAGES
         if self.live.down:
-            nodes = tuple(up[j] for j in sample_distinct(self.rng, len(up), count))
+            nodes = tuple(up[j] for j in sample_distinct(rng, len(up), count))
         else:
-            nodes = sample_distinct(self.rng, self.n, count)
+            nodes = sample_distinct(rng, self.n, count)
         first = self.sent
         self.sent += count
         return tuple(Message("prequal_probe", k, (first + i,), self.index) for i, k in enumerate(nodes))

@@ -7,7 +7,8 @@ the same policy objects and node models (docs/run.md, "The twin"):
 * task i (of the run's trace) reaches the dispatcher at its intended time plus the delay the cluster
   measured for it (the generator's lateness and the way to the dispatcher), is decided after the
   dispatch time measured for it (for a probing policy, the probes read the nodes halfway through it),
-  and reaches its node after the forwarding time measured for it;
+  and reaches its node after the forwarding time measured for it; the messages decided with it leave
+  when it is forwarded, as the cluster's dispatcher sends them;
 * the node serves it exactly as the model does; the dispatcher hears of its completion (the end of the
   task's request, and the messages that rode on its reply) after the task's own measured delay from its
   completion instant to the dispatcher, and the client after the delay to the client; the task counts
@@ -162,12 +163,21 @@ class MeasuredDelays(Delays):
 
     def forward(self, task: Task, route: Route, probed: bool) -> None:
         """The task leaves for its node after the dispatch time that remains (none after probing: the
-        probes took it), and travels its measured forwarding time."""
+        probes took it), and travels its measured forwarding time. The messages decided with it (a pool's
+        probes, threshold updates) leave with it, as the cluster's dispatcher sends them: their measured
+        ages run from that instant, not from the task's arrival at its node."""
         sim = self.sim
         _, decide, forward, *_ = self.legs[task.id]
         still = 0.0 if probed else decide
         task.forwarded = sim.now + still  # when the cluster's dispatcher forwarded it
-        sim.schedule(sim.now + still + forward, sim.task_at_node, task, route)
+        if route.messages:
+            sim.schedule(task.forwarded, self._send, route.messages)
+            route = route._replace(messages=())
+        sim.schedule(task.forwarded + forward, sim.task_at_node, task, route)
+
+    def _send(self, msgs: object, _: object) -> None:
+        assert isinstance(msgs, tuple)
+        self.sim.to_nodes(msgs)
 
     def message(self, m: Message, answer: bool) -> float | None:
         """The age the cluster measured for ``m`` itself; else the age of its message of the same kind sent
