@@ -17,6 +17,7 @@ from lbtestbed.model.reader import TableReader
 from lbtestbed.policies.base import (
     DispatcherSide,
     Message,
+    NodeSide,
     Probe,
     Route,
     State,
@@ -115,6 +116,28 @@ class InstantProbe(NamedTuple):
     pick: Callable[[], int]  # the node the task joins
     probes: int  # probes per task, each answered by one probe_reply
     outcome: str  # the Route.outcome that resolve would give
+
+
+def instant_probe_of(
+    dispatcher: DispatcherSide, sides: Sequence[NodeSide], occupancy: Sequence[int]
+) -> InstantProbe | None:
+    """The dispatcher side's instant probe over ``occupancy``, where the policy's side of a run allows one:
+    the dispatcher has one, keeps no clock and hears no task's end, and its node sides say nothing on an
+    arrival or a departure and reply to a probe as ``NodeSide`` does. A driver checks its own side first
+    (no delays, faults, learning, one dispatcher): both simulator kernels take it under this one rule."""
+    instant_probe = getattr(dispatcher, "instant_probe", None)
+    if (
+        instant_probe is None
+        or dispatcher.uses_clock
+        or type(dispatcher).on_task_done is not DispatcherSide.on_task_done
+        or any(type(s).on_departure is not NodeSide.on_departure for s in sides)
+        or any(type(s).probe_reply is not NodeSide.probe_reply for s in sides)
+        or any(type(s).on_arrival is not NodeSide.on_arrival for s in sides)
+    ):
+        return None
+    fast = instant_probe(occupancy)
+    assert fast is None or isinstance(fast, InstantProbe)
+    return fast
 
 
 class _Sampler(DispatcherSide):

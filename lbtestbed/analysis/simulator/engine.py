@@ -45,7 +45,7 @@ from lbtestbed.policies import (
     make_dispatcher,
     make_node_sides,
 )
-from lbtestbed.policies.sampling import InstantProbe
+from lbtestbed.policies.sampling import InstantProbe, instant_probe_of
 
 INF = math.inf
 
@@ -511,22 +511,10 @@ class Simulator:
         """The policy's fast path, when nothing else in the run talks: a dispatcher side that decides by
         one probe answered at once (``InstantProbe``), whose node sides say nothing, that wants no
         completions back and learns nothing, with no delays, faults or latencies to record."""
-        disp, sides = self.dispatcher, self.sides
-        instant_probe = getattr(disp, "instant_probe", None)
-        if (
-            instant_probe is None
-            or not self._stale_integrates()  # Poisson arrivals, one dispatcher, no delays or faults
-            or disp.uses_clock
-            or self.measure.learner is not None
-            or not self.ignores_done
-            or not self.quiet_departure
-            or any(type(s).probe_reply is not NodeSide.probe_reply for s in sides)
-            or any(type(s).on_arrival is not NodeSide.on_arrival for s in sides)
-        ):
+        # Poisson arrivals, one dispatcher, no delays or faults; then the policy's side of the rule
+        if not self._stale_integrates() or self.measure.learner is not None:
             return None
-        fast = instant_probe(self.occupancy)
-        assert fast is None or isinstance(fast, InstantProbe)
-        return fast
+        return instant_probe_of(self.dispatcher, self.sides, self.occupancy)
 
 
 #: whether this module runs compiled (mypyc): see _calendar

@@ -44,7 +44,7 @@ from lbtestbed.policies import (
     make_node_sides,
 )
 from lbtestbed.policies.catalog import policy_of
-from lbtestbed.policies.sampling import InstantProbe
+from lbtestbed.policies.sampling import InstantProbe, instant_probe_of
 
 INF = math.inf
 #: the disciplines whose busy node completes at one rate, whatever it holds
@@ -387,24 +387,6 @@ class RatesSimulator:
                 self.to_dispatcher(out)
 
     def _instant_probe(self) -> InstantProbe | None:
-        """The policy's instant probe (``policies.sampling.InstantProbe``) over the counts, where the event
-        kernel takes it too: its node sides say nothing, its dispatcher keeps no time and hears no ends."""
-        disp, sides = self.dispatcher, self.sides
-        instant_probe = getattr(disp, "instant_probe", None)
-        if (
-            instant_probe is None
-            or self.clocked
-            or self.hears_done
-            or not self.quiet_departure
-            or any(type(s).probe_reply is not NodeSide.probe_reply for s in sides)
-            or any(type(s).on_arrival is not NodeSide.on_arrival for s in sides)
-        ):
-            return None
-        fast = instant_probe(self.x)
-        assert fast is None or isinstance(fast, InstantProbe)
-        return fast
-
-
-def simulate_rates(exp: Experiment, replication: int = 0, progress: Progress | None = None) -> RawRun:
-    """One replication of ``exp`` on the rates kernel (Unsupported when the spec is not Markovian)."""
-    return RatesSimulator(exp, replication, progress).run()
+        """The policy's instant probe over the counts, where the event kernel takes it too
+        (``policies.sampling.instant_probe_of``)."""
+        return instant_probe_of(self.dispatcher, self.sides, self.x)
