@@ -49,7 +49,7 @@ from typing import Any
 import simpy
 import simulator_scale  # beside this file
 
-from lbtestbed.analysis.simulator import compiled
+from lbtestbed.analysis.simulator import KERNELS, compiled
 from lbtestbed.analysis.simulator.engine import Simulator
 from lbtestbed.analysis.simulator.rates import unsupported
 from lbtestbed.model.experiment import Experiment
@@ -726,14 +726,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.million not in ("none", *simulator_scale.POLICIES):
         p.error(f"--million: one of none, {', '.join(simulator_scale.POLICIES)}")
     kernels = tuple(args.kernel.split(","))
-    if (
-        not kernels
-        or any(k not in simulator_scale.KERNELS for k in kernels)
-        or len(set(kernels)) < len(kernels)
-    ):
-        p.error(
-            f"--kernel: some of {', '.join(simulator_scale.KERNELS)}, comma-separated; got {args.kernel!r}"
-        )
+    if not kernels or any(k not in KERNELS for k in kernels) or len(set(kernels)) < len(kernels):
+        p.error(f"--kernel: some of {', '.join(KERNELS)}, comma-separated; got {args.kernel!r}")
     if args.profile:
         profile(args)
         return 0

@@ -71,18 +71,11 @@ def spec(nodes: int, warmup: float, duration: float, policy: str = "power_of_d",
     return parse_spec(data, "<benchmark>")
 
 
-#: the kernels a benchmark may time (``lbt simulate --kernel``)
-KERNELS = ("events", "rates")
-
-
 def simulator(kernel: str = "events") -> tuple[str, Callable[[Experiment], Any]]:
     """The simulator ``simulate_once`` would run on ``kernel``, and its name."""
     if compiled.selected():
         try:
-            module = compiled.load()
-            if kernel == "rates":
-                return "mypyc", sys.modules[f"{compiled.TWIN}.rates"].RatesSimulator
-            return "mypyc", module.Simulator
+            return "mypyc", compiled.kernel_class(compiled.load(), kernel)
         except compiled.Unavailable as e:
             print(f"bench_simulator: compiled simulator: {e}; timing pure Python", file=sys.stderr)
     return "pure Python", RatesSimulator if kernel == "rates" else Simulator

@@ -184,3 +184,16 @@ def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
     os.close(write)
     assert done.returncode == 128 + 13, done.stderr
     assert "error" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_lbt_simulates_on_every_kernel_the_simulator_has() -> None:
+    """``lbt simulate --kernel`` spells the simulator's kernels (``analysis.simulator.KERNELS``) so that
+    every lbt's start-up does not load the simulator: the two lists must stay one."""
+    import argparse
+
+    from lbtestbed.analysis.simulator import KERNELS
+    from lbtestbed.cli.parser import build_parser
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    kernel = next(a for a in commands.choices["simulate"]._actions if a.dest == "kernel")
+    assert tuple(kernel.choices or ()) == KERNELS

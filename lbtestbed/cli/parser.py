@@ -114,6 +114,7 @@ def _simulate(sub: Commands) -> None:
     )
     sim.add_argument(
         "--kernel",
+        # analysis.simulator.KERNELS, spelled here: importing it would load the simulator at every lbt's start
         choices=("events", "rates"),
         default="events",
         help="events: the discrete-event kernel (default, any spec); rates: the rates kernel of a Markovian "

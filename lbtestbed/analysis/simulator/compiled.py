@@ -33,6 +33,7 @@ import sys
 import sysconfig
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from lbtestbed.analysis.results.raw import RawRun
 from lbtestbed.analysis.simulator.engine import Progress
@@ -200,6 +201,14 @@ def selected() -> bool:
 _said: list[str] = []
 
 
+def kernel_class(module: ModuleType, kernel: str) -> Any:
+    """The build's simulator of ``kernel`` (``events``: ``Simulator``; ``rates``: ``RatesSimulator``), from
+    ``module`` as ``load`` returns it (its other modules were imported with it)."""
+    if kernel == "rates":
+        return sys.modules[f"{TWIN}.rates"].RatesSimulator
+    return module.Simulator
+
+
 def run_selected(
     exp: Experiment, replication: int = 0, progress: Progress | None = None, kernel: str = "events"
 ) -> RawRun | None:
@@ -215,10 +224,7 @@ def run_selected(
             _said.append(str(e))
             print(f"lbt: note: compiled simulator: {e}; running the pure-Python one", file=sys.stderr)
         return None
-    if kernel == "rates":
-        raw = sys.modules[f"{TWIN}.rates"].RatesSimulator(exp, replication, progress).run()
-    else:
-        raw = module.Simulator(exp, replication, progress).run()
+    raw = kernel_class(module, kernel)(exp, replication, progress).run()
     assert isinstance(raw, RawRun)  # the copies build the package's own RawRun: it is not compiled
     return raw
 
