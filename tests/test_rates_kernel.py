@@ -229,6 +229,12 @@ def test_a_spec_it_cannot_simulate_exactly_is_refused(case: str) -> None:
         simulate(exp, kernel="rates", quiet=True)
 
 
+def test_a_kernel_that_does_not_exist_is_refused() -> None:
+    """lbt.simulate(kernel="rate") ran the event kernel: a misspelt kernel is bad input, not a default."""
+    with pytest.raises(BadInput, match=r"^kernel 'rate': one of events, rates$"):
+        simulate(parse_spec(spec("power_of_d")), kernel="rate", quiet=True)
+
+
 def test_records_need_the_event_kernel(tmp_path: Path) -> None:
     exp = parse_spec(spec("power_of_d"))
     with (

@@ -8,7 +8,7 @@ from typing import IO
 from lbtestbed.analysis.comparison.paired import batch_table
 from lbtestbed.analysis.results.raw import RawRun
 from lbtestbed.analysis.results.result import Result, summarize
-from lbtestbed.analysis.simulator import simulate_once
+from lbtestbed.analysis.simulator import KERNELS, simulate_once
 from lbtestbed.analysis.simulator.rates import unsupported
 from lbtestbed.analysis.simulator.records import simulate_with_records
 from lbtestbed.experiment.errors import BadInput
@@ -32,6 +32,8 @@ def simulate(
     on ``executor`` (``local``: at most ``jobs`` processes; or a Dask scheduler's address, BadInput when it
     cannot serve); progress on stderr unless ``quiet``. ``kernel``: the event kernel, or the rates kernel
     of a Markovian spec (BadInput for any other spec, and with ``records``)."""
+    if kernel not in KERNELS:
+        raise BadInput(f"kernel {kernel!r}: one of {', '.join(KERNELS)}")
     if kernel == "rates":
         why = unsupported(exp)
         if why is not None:
